@@ -1,0 +1,467 @@
+"""GRPO: group advantages, the clipped-ratio policy loss and the jitted optimizer update.
+
+One update, for a batch of B trajectories laid out in groups (rows i*G .. (i+1)*G - 1 answer the same
+example), all inside one `jit`:
+  1. advantages from the rewards, per group (`group_advantages`);
+  2. with a KL penalty (beta > 0), the frozen reference model's log-probs of the batch, once;
+  3. `passes` passes over `num_minibatches` minibatches (rows shuffled per pass, or in order); each
+     minibatch recomputes the policy's log-probs with a full forward (`module.apply`), takes the gradient
+     of `grpo_loss` (optionally accumulated over `grad_accum_steps` micro-batches with `lax.scan`) and
+     applies one optax update.
+The importance ratio compares the current policy with the sampler that produced the tokens: its
+log-probs are the trajectory's `logprobs` (aligned with `tokens`: position t holds log p(tokens[t])).
+
+Notation used in the docstrings: B rows, L positions, V vocabulary, m[b, t] the loss mask (1 on the
+model's sampled tokens), A[b] the advantage, logp / logq / logref the policy's, sampler's and reference's
+log-prob of the token at each position, r = exp(logp - logq) the per-token importance ratio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+# optax.global_norm is deprecated in favour of optax.tree.norm (same value) in newer optax.
+_global_norm = getattr(getattr(optax, "tree", None), "norm", None) or optax.global_norm
+
+LOSS_TYPES = ("token-mean", "sequence-mean-token-mean", "dr-grpo")
+SCALE_REWARDS = ("group", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class GrpoConfig:
+    """GRPO hyper-parameters (static under jit; validated on construction).
+
+    group_size: G, completions per example; the batch holds B = num_examples * G rows, groups consecutive.
+    scale_rewards: "group" divides the centred rewards by the group's std (+ std_eps); "none" only
+        centres them (Dr. GRPO's advice).
+    std_eps: added to the group std before dividing (as TRL, 1e-4).
+    epsilon_low, epsilon_high: the ratio is clipped to [1 - epsilon_low, 1 + epsilon_high] (DAPO's
+        asymmetric "clip higher"; 0.2 / 0.28).
+    beta: coefficient of the k3 KL estimator to the frozen reference; 0 needs no reference model (it is
+        then never evaluated).
+    loss_type: how per-token losses are aggregated (formulas in `grpo_loss`): "token-mean",
+        "sequence-mean-token-mean" or "dr-grpo".
+    max_completion_tokens: the constant normaliser of "dr-grpo" (required for it, ignored otherwise):
+        the most model tokens a row can hold. In a multi-turn game that is the loss-mask tokens of all
+        replies together, e.g. `env.max_turns * sampling.max_new_tokens`.
+    ratio_mask_low, ratio_mask_high: importance-ratio masking; a token whose ratio r = pi / pi_sampler is
+        outside [ratio_mask_low, ratio_mask_high] contributes nothing to the loss (None disables a side).
+        Guards against tokens where sampler and trainer disagree (e.g. numerics, stale samples).
+    num_minibatches: optimizer steps per pass; must divide B.
+    passes: passes over the batch per update (each pass sees every row once).
+    grad_accum_steps: micro-batches per minibatch (gradient accumulated with `lax.scan`); must divide
+        B / num_minibatches. The result equals the minibatch taken in one piece.
+    shuffle: rows are permuted with the update's key at each pass (else taken in order).
+    temperature: the policy's (and reference's) logits are divided by it before the log-softmax; set it
+        to the sampler's temperature, so that the ratio compares the same distributions.
+    compute_entropy: also compute the policy's per-token entropy (a metric; no gradient).
+    """
+
+    group_size: int = 8
+    scale_rewards: str = "group"
+    std_eps: float = 1e-4
+    epsilon_low: float = 0.2
+    epsilon_high: float = 0.28
+    beta: float = 0.0
+    loss_type: str = "token-mean"
+    max_completion_tokens: int | None = None
+    ratio_mask_low: float | None = None
+    ratio_mask_high: float | None = None
+    num_minibatches: int = 1
+    passes: int = 1
+    grad_accum_steps: int = 1
+    shuffle: bool = True
+    temperature: float = 1.0
+    compute_entropy: bool = True
+
+    def __post_init__(self):
+        def positive_int(name):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"GrpoConfig.{name} must be an integer >= 1 (got {value!r})")
+
+        for name in ("group_size", "num_minibatches", "passes", "grad_accum_steps"):
+            positive_int(name)
+        if self.group_size < 2:
+            raise ValueError(
+                f"GrpoConfig.group_size must be >= 2 (got {self.group_size}): a group of one has no baseline"
+            )
+        if self.scale_rewards not in SCALE_REWARDS:
+            raise ValueError(f"GrpoConfig.scale_rewards must be one of {SCALE_REWARDS} (got {self.scale_rewards!r})")
+        if not self.std_eps > 0:
+            raise ValueError(f"GrpoConfig.std_eps must be > 0 (got {self.std_eps})")
+        if not 0.0 <= self.epsilon_low < 1.0:
+            raise ValueError(f"GrpoConfig.epsilon_low must be in [0, 1) (got {self.epsilon_low})")
+        if not self.epsilon_high >= 0.0:
+            raise ValueError(f"GrpoConfig.epsilon_high must be >= 0 (got {self.epsilon_high})")
+        if not self.beta >= 0.0:
+            raise ValueError(f"GrpoConfig.beta must be >= 0, 0 disables the KL penalty (got {self.beta})")
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"GrpoConfig.loss_type must be one of {LOSS_TYPES} (got {self.loss_type!r})")
+        if self.max_completion_tokens is not None:
+            positive_int("max_completion_tokens")
+        elif self.loss_type == "dr-grpo":
+            raise ValueError(
+                "GrpoConfig.loss_type 'dr-grpo' needs max_completion_tokens (its constant normaliser, "
+                "e.g. max_turns * max_new_tokens)"
+            )
+        if self.ratio_mask_low is not None and not 0.0 <= self.ratio_mask_low < 1.0:
+            raise ValueError(f"GrpoConfig.ratio_mask_low must be in [0, 1) or None (got {self.ratio_mask_low})")
+        if self.ratio_mask_high is not None and not self.ratio_mask_high > 1.0:
+            raise ValueError(f"GrpoConfig.ratio_mask_high must be > 1 or None (got {self.ratio_mask_high})")
+        if not self.temperature > 0:
+            raise ValueError(f"GrpoConfig.temperature must be > 0 (got {self.temperature})")
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches per pass: num_minibatches * grad_accum_steps (must divide B)."""
+        return self.num_minibatches * self.grad_accum_steps
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Advantages and per-token log-probs
+# ----------------------------------------------------------------------------------------------------------
+
+
+def group_advantages(rewards: jax.Array, group_size: int, scale: str = "group", eps: float = 1e-4) -> jax.Array:
+    """Group-relative advantages: float32[B] -> float32[B] (B a multiple of group_size, groups consecutive).
+
+    A[i] = r[i] - mean_g(r)                       (scale "none")
+    A[i] = (r[i] - mean_g(r)) / (std_g(r) + eps)  (scale "group")
+    std_g is the SAMPLE (unbiased, ddof = 1) standard deviation over the group, as torch's default `std`
+    that TRL uses; eps = 1e-4 by default (TRL's). A group with equal rewards gets A = 0 (no NaN).
+    """
+    rewards = jnp.asarray(rewards, jnp.float32)
+    if rewards.ndim != 1 or rewards.shape[0] % group_size != 0:
+        raise ValueError(
+            f"rewards must be float32[B] with B a multiple of group_size {group_size}, got shape {rewards.shape}"
+        )
+    if group_size < 2:
+        raise ValueError(f"group_size must be >= 2 (got {group_size})")
+    if scale not in SCALE_REWARDS:
+        raise ValueError(f"scale must be one of {SCALE_REWARDS} (got {scale!r})")
+    groups = rewards.reshape(-1, group_size)
+    centred = groups - groups.mean(axis=1, keepdims=True)
+    if scale == "group":
+        std = jnp.sqrt(jnp.sum(centred**2, axis=1, keepdims=True) / (group_size - 1))
+        centred = centred / (std + eps)
+    return centred.reshape(-1)
+
+
+def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+    """Log-prob of each token under the previous position's logits: float32[B, L, V], int32[B, L] -> float32[B, L].
+
+    out[:, t] = log_softmax(logits[:, t - 1])[tokens[:, t]] for t >= 1 and out[:, 0] = 0, aligned with
+    `Trajectory.logprobs` (the logits at the last position predict nothing and are unused).
+    """
+    logits = logits[:, :-1].astype(jnp.float32)
+    target = tokens[:, 1:].astype(jnp.int32)
+    picked = jnp.take_along_axis(logits, target[..., None], axis=-1)[..., 0]
+    logp = picked - jax.nn.logsumexp(logits, axis=-1)
+    return jnp.pad(logp, ((0, 0), (1, 0)))
+
+
+def token_entropy(logits: jax.Array) -> jax.Array:
+    """Entropy of the distribution each token was drawn from: float32[B, L, V] -> float32[B, L].
+
+    out[:, t] = H(softmax(logits[:, t - 1])) for t >= 1 and out[:, 0] = 0 (aligned like `token_logprobs`).
+    """
+    logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+    p = jnp.exp(logp)
+    ent = -jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1)
+    return jnp.pad(ent, ((0, 0), (1, 0)))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The loss
+# ----------------------------------------------------------------------------------------------------------
+
+_SUM_KEYS = ("tokens", "clip_low", "clip_high", "ratio", "log_ratio_abs", "kl", "ratio_masked", "entropy")
+
+
+def _loss_and_sums(policy_logprobs, sampler_logprobs, ref_logprobs, advantages, loss_mask, config: GrpoConfig,
+                   token_count, num_rows: int, entropy=None):
+    """The loss with the normalisers given (so micro-batches can share their minibatch's), and metric sums.
+
+    token_count: masked tokens of the whole minibatch ("token-mean"); num_rows: its rows (the other modes).
+    Returns (loss scalar, dict of per-token sums over masked tokens, keys `_SUM_KEYS`).
+    """
+    mask = loss_mask.astype(jnp.float32)
+    on = mask > 0
+    policy_logprobs = policy_logprobs.astype(jnp.float32)
+    # Off the mask the log-probs may be anything (sampler 0, policy garbage): keep the ratio finite there.
+    log_ratio = jnp.where(on, policy_logprobs - sampler_logprobs.astype(jnp.float32), 0.0)
+    ratio = jnp.exp(log_ratio)
+    adv = advantages.astype(jnp.float32)[:, None]
+    clipped_ratio = jnp.clip(ratio, 1.0 - config.epsilon_low, 1.0 + config.epsilon_high)
+    per_token = -jnp.minimum(ratio * adv, clipped_ratio * adv)
+    kl = jnp.zeros_like(per_token)
+    if ref_logprobs is not None and config.beta > 0:
+        diff = jnp.where(on, ref_logprobs.astype(jnp.float32) - policy_logprobs, 0.0)
+        kl = jnp.exp(diff) - diff - 1.0
+        per_token = per_token + config.beta * kl
+
+    keep = mask
+    r_sg = jax.lax.stop_gradient(ratio)
+    if config.ratio_mask_low is not None:
+        keep = keep * (r_sg >= config.ratio_mask_low)
+    if config.ratio_mask_high is not None:
+        keep = keep * (r_sg <= config.ratio_mask_high)
+    weighted = per_token * keep
+
+    if config.loss_type == "token-mean":
+        loss = jnp.sum(weighted) / jnp.maximum(token_count, 1.0)
+    elif config.loss_type == "sequence-mean-token-mean":
+        per_row = jnp.sum(weighted, axis=1) / jnp.maximum(jnp.sum(mask, axis=1), 1.0)
+        loss = jnp.sum(per_row) / num_rows
+    else:  # dr-grpo
+        loss = jnp.sum(weighted) / (num_rows * config.max_completion_tokens)
+
+    sg = jax.lax.stop_gradient
+    sums = {
+        "tokens": jnp.sum(mask),
+        "clip_low": jnp.sum(mask * ((r_sg < 1.0 - config.epsilon_low) & (adv < 0))),
+        "clip_high": jnp.sum(mask * ((r_sg > 1.0 + config.epsilon_high) & (adv > 0))),
+        "ratio": jnp.sum(mask * r_sg),
+        "log_ratio_abs": jnp.sum(mask * jnp.abs(sg(log_ratio))),
+        "kl": jnp.sum(mask * sg(kl)),
+        "ratio_masked": jnp.sum(mask - keep),
+        "entropy": jnp.sum(mask * sg(entropy)) if entropy is not None else jnp.zeros((), jnp.float32),
+    }
+    return loss, sums
+
+
+def _finish_metrics(sums: dict, with_entropy: bool) -> dict:
+    """Per-token means from the sums of `_loss_and_sums`."""
+    n = jnp.maximum(sums["tokens"], 1.0)
+    metrics = {
+        "num_tokens": sums["tokens"],
+        "clip_frac_low": sums["clip_low"] / n,
+        "clip_frac_high": sums["clip_high"] / n,
+        "clip_frac": (sums["clip_low"] + sums["clip_high"]) / n,
+        "ratio_mean": sums["ratio"] / n,
+        "log_ratio_abs_mean": sums["log_ratio_abs"] / n,
+        "kl": sums["kl"] / n,
+        "ratio_masked_frac": sums["ratio_masked"] / n,
+    }
+    if with_entropy:
+        metrics["entropy"] = sums["entropy"] / n
+    return metrics
+
+
+def grpo_loss(
+    policy_logprobs: jax.Array,
+    sampler_logprobs: jax.Array,
+    ref_logprobs: jax.Array | None,
+    advantages: jax.Array,
+    loss_mask: jax.Array,
+    config: GrpoConfig,
+    entropy: jax.Array | None = None,
+) -> tuple[jax.Array, dict]:
+    """The clipped-ratio GRPO loss: float32[B, L] x3 (ref may be None), float32[B], float32[B, L] -> (scalar, metrics).
+
+    Per token (m = 1):
+        r = exp(logp - logq)
+        l = -min(r * A, clip(r, 1 - epsilon_low, 1 + epsilon_high) * A) + beta * kl
+        kl = exp(logref - logp) - (logref - logp) - 1          (k3 estimator; only when beta > 0 and ref given)
+    Importance-ratio masking: k = m * [ratio_mask_low <= r <= ratio_mask_high] (each bound optional; the
+    mask has no gradient). Masked-out tokens contribute 0 to the sums below, while the normalisers still
+    count the trajectory's tokens (m): they are fixed by the data, not by the current policy.
+    Aggregation (n_b = sum_t m[b, t], N = sum_b n_b):
+        "token-mean":               loss = sum_{b,t} k l / N
+        "sequence-mean-token-mean": loss = (1 / B) sum_b (sum_t k l / n_b)      (rows with n_b = 0 give 0)
+        "dr-grpo":                  loss = sum_{b,t} k l / (B * max_completion_tokens)
+    Metrics (means over the m tokens): clip_frac_low (r < 1 - epsilon_low and A < 0: the low clip
+    binds), clip_frac_high (r > 1 + epsilon_high and A > 0), clip_frac, ratio_mean, log_ratio_abs_mean,
+    kl, ratio_masked_frac; num_tokens = N; entropy (mean of the given float32[B, L]) when given.
+    """
+    mask = loss_mask.astype(jnp.float32)
+    loss, sums = _loss_and_sums(policy_logprobs, sampler_logprobs, ref_logprobs, advantages, mask, config,
+                                jnp.sum(mask), mask.shape[0], entropy)
+    metrics = _finish_metrics(sums, entropy is not None)
+    metrics["loss"] = loss
+    return loss, metrics
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The update
+# ----------------------------------------------------------------------------------------------------------
+
+
+def policy_logprobs(module, params, tokens: jax.Array, temperature: float = 1.0, with_entropy: bool = False):
+    """Full forward, then per-token log-probs (and entropies): int32[B, L] -> float32[B, L] (, float32[B, L]).
+
+    The logits are divided by `temperature` first. The entropy is None unless `with_entropy`.
+    """
+    logits, _ = module.apply({"params": params}, tokens)
+    logits = logits.astype(jnp.float32)
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = token_logprobs(logits, tokens)
+    return logp, (token_entropy(logits) if with_entropy else None)
+
+
+def _check_batch(config: GrpoConfig, tokens, loss_mask, sampler_logprobs, rewards):
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be int32[B, L], got shape {tokens.shape}")
+    if loss_mask.shape != tokens.shape or sampler_logprobs.shape != tokens.shape:
+        raise ValueError(
+            f"tokens {tokens.shape}, loss_mask {loss_mask.shape} and sampler_logprobs {sampler_logprobs.shape} "
+            "must have the same shape [B, L]"
+        )
+    batch = tokens.shape[0]
+    if rewards.shape != (batch,):
+        raise ValueError(f"rewards must be float32[{batch}], got shape {rewards.shape}")
+    if batch % config.group_size:
+        raise ValueError(f"batch {batch} is not a multiple of group_size {config.group_size}")
+    if batch % config.micro_batches:
+        raise ValueError(
+            f"batch {batch} is not a multiple of num_minibatches * grad_accum_steps = "
+            f"{config.num_minibatches} * {config.grad_accum_steps}"
+        )
+
+
+def grpo_update_step(
+    module,
+    optimizer: optax.GradientTransformation,
+    config: GrpoConfig,
+    params,
+    opt_state,
+    ref_params,
+    tokens: jax.Array,
+    loss_mask: jax.Array,
+    sampler_logprobs: jax.Array,
+    rewards: jax.Array,
+    key: jax.Array,
+):
+    """One GRPO update (traceable; `make_grpo_update` jits it) -> (params, opt_state, metrics).
+
+    tokens int32[B, L], loss_mask float32[B, L], sampler_logprobs float32[B, L] (the trajectory's
+    `logprobs`), rewards float32[B] (groups of `group_size` consecutive rows), key: shuffling.
+    ref_params: the frozen reference's params (used only when beta > 0; may be None otherwise).
+    Runs passes * num_minibatches optimizer steps; each minibatch's loss is `grpo_loss` over its rows (its
+    own token count / row count as normalisers, shared by its micro-batches, so accumulation is exact).
+    Metrics (scalars): loss, grad_norm (global norm before
+    the optimizer's clipping), the `grpo_loss` metrics, all averaged over the optimizer steps;
+    grad_norm_max; reward_mean / reward_std; advantage_mean / advantage_std / advantage_min /
+    advantage_max; frac_zero_std_groups (groups whose rewards are all equal, i.e. no signal);
+    num_tokens (masked tokens of the batch).
+    """
+    tokens = jnp.asarray(tokens, jnp.int32)
+    loss_mask = jnp.asarray(loss_mask, jnp.float32)
+    sampler_logprobs = jnp.asarray(sampler_logprobs, jnp.float32)
+    rewards = jnp.asarray(rewards, jnp.float32)
+    _check_batch(config, tokens, loss_mask, sampler_logprobs, rewards)
+    use_ref = config.beta > 0
+    if use_ref and ref_params is None:
+        raise ValueError("GrpoConfig.beta > 0 needs ref_params (the frozen reference model)")
+    batch, length = tokens.shape
+    n_mb, n_acc = config.num_minibatches, config.grad_accum_steps
+    mb_rows = batch // n_mb
+    micro_rows = mb_rows // n_acc
+
+    advantages = group_advantages(rewards, config.group_size, config.scale_rewards, config.std_eps)
+    grouped = rewards.reshape(-1, config.group_size)
+    zero_std = jnp.all(grouped == grouped[:, :1], axis=1)
+
+    data = {"tokens": tokens, "mask": loss_mask, "sampler": sampler_logprobs, "adv": advantages}
+    if use_ref:
+        # Once per update, in micro-batch-sized chunks (bounded memory), without gradient.
+        chunks = tokens.reshape(-1, micro_rows, length)
+        ref = jax.lax.map(lambda t: policy_logprobs(module, ref_params, t, config.temperature)[0], chunks)
+        data["ref"] = jax.lax.stop_gradient(ref.reshape(batch, length))
+
+    def micro_loss(p, micro, token_count):
+        logp, ent = policy_logprobs(module, p, micro["tokens"], config.temperature, config.compute_entropy)
+        return _loss_and_sums(logp, micro["sampler"], micro.get("ref"), micro["adv"], micro["mask"], config,
+                              token_count, mb_rows, ent)
+
+    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+    def minibatch_step(carry, mb):
+        p, o = carry
+        token_count = jnp.sum(mb["mask"])
+        if n_acc == 1:
+            (loss, sums), grads = grad_fn(p, mb, token_count)
+        else:
+            micros = jax.tree_util.tree_map(lambda x: x.reshape((n_acc, micro_rows) + x.shape[1:]), mb)
+
+            def accumulate(acc, micro):
+                (loss, sums), grads = grad_fn(p, micro, token_count)
+                # Every micro-batch is normalised by the minibatch's totals: summing is the exact mean.
+                return jax.tree_util.tree_map(jnp.add, acc, (loss, sums, grads)), None
+
+            zeros = (jnp.zeros((), jnp.float32), {k: jnp.zeros((), jnp.float32) for k in _SUM_KEYS},
+                     jax.tree_util.tree_map(jnp.zeros_like, p))
+            (loss, sums, grads), _ = jax.lax.scan(accumulate, zeros, micros)
+        grad_norm = _global_norm(grads)
+        updates, o = optimizer.update(grads, o, p)
+        p = optax.apply_updates(p, updates)
+        metrics = _finish_metrics(sums, config.compute_entropy)
+        metrics.pop("num_tokens")
+        metrics.update(loss=loss, grad_norm=grad_norm)
+        return (p, o), metrics
+
+    def one_pass(carry, pass_key):
+        if config.shuffle:
+            order = jax.random.permutation(pass_key, batch)
+            shuffled = jax.tree_util.tree_map(lambda x: x[order], data)
+        else:
+            shuffled = data
+        minibatches = jax.tree_util.tree_map(lambda x: x.reshape((n_mb, mb_rows) + x.shape[1:]), shuffled)
+        return jax.lax.scan(minibatch_step, carry, minibatches)
+
+    (params, opt_state), steps = jax.lax.scan(one_pass, (params, opt_state), jax.random.split(key, config.passes))
+    metrics = {k: jnp.mean(v) for k, v in steps.items()}
+    metrics.update(
+        grad_norm_max=jnp.max(steps["grad_norm"]),
+        reward_mean=jnp.mean(rewards),
+        reward_std=jnp.std(rewards),
+        advantage_mean=jnp.mean(advantages),
+        advantage_std=jnp.std(advantages),
+        advantage_min=jnp.min(advantages),
+        advantage_max=jnp.max(advantages),
+        frac_zero_std_groups=jnp.mean(zero_std.astype(jnp.float32)),
+        num_tokens=jnp.sum(loss_mask),
+    )
+    return params, opt_state, metrics
+
+
+def make_grpo_update(
+    module, optimizer: optax.GradientTransformation, config: GrpoConfig, ref_params=None
+) -> Callable[..., tuple[Any, Any, dict]]:
+    """Compile-once update: `update(params, opt_state, tokens, loss_mask, sampler_logprobs, rewards, key)
+    -> (params, opt_state, metrics)` (shapes and metrics as in `grpo_update_step`).
+
+    module: a Flax LM, `module.apply({"params": p}, tokens) -> (logits[B, L, V], _)`; optimizer: e.g.
+    `optim.make_optimizer(OptimConfig)`. params and opt_state are donated (do not reuse the arguments).
+    ref_params: the frozen reference, needed iff config.beta > 0; it is copied here, so passing the
+    initial policy params (which the update then donates) is safe. With beta == 0 it is ignored.
+    The jitted function is `update.jitted(params, opt_state, ref_params, tokens, ...)`; inside a larger
+    `jit` call `grpo_update_step` directly.
+    """
+    if config.beta > 0:
+        if ref_params is None:
+            raise ValueError("GrpoConfig.beta > 0 needs ref_params (the frozen reference model)")
+        ref_params = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), ref_params)
+    else:
+        ref_params = None
+    jitted = jax.jit(functools.partial(grpo_update_step, module, optimizer, config), donate_argnums=(0, 1))
+
+    def update(params, opt_state, tokens, loss_mask, sampler_logprobs, rewards, key):
+        return jitted(params, opt_state, ref_params, tokens, loss_mask, sampler_logprobs, rewards, key)
+
+    update.jitted = jitted
+    return update
+
+
+def update_from_trajectory(update: Callable, params, opt_state, trajectory, key: jax.Array):
+    """`update` on a `rollout.Trajectory`: its tokens, loss_mask, logprobs (sampler) and reward."""
+    return update(params, opt_state, trajectory.tokens, trajectory.loss_mask, trajectory.logprobs,
+                  trajectory.reward, key)

@@ -1,0 +1,305 @@
+"""Hugging Face checkpoint import/export for LFM2 (safetensors only, no torch, no pickle).
+
+    model = load_hf("path/to/LFM2-350M")            # folder with config.json + model.safetensors (or an index)
+    logits = model(tokens)                           # int32[B, T] -> float32[B, T, V], jitted
+    save_hf(model, "out/")                           # transformers.Lfm2ForCausalLM.from_pretrained("out/") works
+
+Names and layouts: HF `model.layers.{i}.<module path>.weight` <-> Flax `layers_{i}/<module path>/kernel`
+(Dense kernels transposed: torch [out, in] -> Flax [in, out]; the depthwise conv weight [D, 1, K] -> [K, D];
+norms `weight` -> `scale`; `model.embed_tokens.weight` -> `embed_tokens/embedding`; untied `lm_head.weight`
+-> `lm_head/kernel`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import glob
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from models.lfm2 import Lfm2Cache, Lfm2Config, Lfm2ForCausalLM, init_cache
+
+_SINGLE = "model.safetensors"
+_INDEX = "model.safetensors.index.json"
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # non-persistent buffers some exporters write
+_CONVERT_HINT = (
+    "convert it to safetensors first, e.g.\n"
+    "  python -c \"from transformers import AutoModelForCausalLM as M; "
+    "M.from_pretrained('{src}').save_pretrained('{src}-safetensors', safe_serialization=True)\"")
+
+
+@dataclasses.dataclass(eq=False)
+class Lfm2:
+    """An LFM2 model: `config`, Flax `params` (plain arrays) and the `module`.
+
+    `model(tokens)`: tokens int32[B, T] -> logits float32[B, T, V], the full causal forward, jitted
+    (compiled once per input shape). `model.apply(tokens, cache, num_valid)` is the cached path of
+    `Lfm2ForCausalLM.__call__` (not jitted); `model.init_cache(batch, max_len)` makes an empty cache.
+    """
+
+    config: Lfm2Config
+    params: Any
+    module: Lfm2ForCausalLM = None  # type: ignore[assignment]
+    _forward: Callable = dataclasses.field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.module is None:
+            self.module = Lfm2ForCausalLM(self.config)
+        self._forward = functools.partial(_forward, self.module)
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        """tokens int32[B, T] -> logits float32[B, T, V] (full causal forward over positions 0..T-1)."""
+        return self._forward(self.params, jnp.asarray(tokens, jnp.int32))
+
+    def apply(self, tokens: jax.Array, cache: Lfm2Cache | None = None,
+              num_valid: jax.Array | None = None) -> tuple[jax.Array, Lfm2Cache | None]:
+        """`Lfm2ForCausalLM.__call__` with these params: (logits float32[B, T, V], new cache or None)."""
+        return self.module.apply({"params": self.params}, tokens, cache, num_valid)
+
+    def init_cache(self, batch: int, max_len: int, dtype=None) -> Lfm2Cache:
+        """`models.lfm2.init_cache(self.config, batch, max_len, dtype)`."""
+        return init_cache(self.config, batch, max_len, dtype)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(module: Lfm2ForCausalLM, params: Any, tokens: jax.Array) -> jax.Array:
+    # module is static (hashable by config): equal configs share one compiled function per shape
+    return module.apply({"params": params}, tokens)[0]
+
+
+# --------------------------------------------------------------------------------------------------
+# Name / layout mapping
+# --------------------------------------------------------------------------------------------------
+
+
+def _hf_name(path: tuple[str, ...]) -> str:
+    """Flax param path -> HF tensor name, e.g. ('layers_2', 'self_attn', 'q_proj', 'kernel') ->
+    'model.layers.2.self_attn.q_proj.weight'."""
+    *mods, leaf = path
+    leaf = "bias" if leaf == "bias" else "weight"
+    if mods == ["lm_head"]:
+        return f"lm_head.{leaf}"
+    parts = [f"layers.{m[len('layers_'):]}" if m.startswith("layers_") else m for m in mods]
+    return "model." + ".".join(parts + [leaf])
+
+
+def _is_conv_kernel(path: tuple[str, ...]) -> bool:
+    return len(path) >= 3 and path[-3:] == ("conv", "conv", "kernel")
+
+
+def _to_flax(path: tuple[str, ...], t):
+    """HF tensor -> Flax layout."""
+    if _is_conv_kernel(path):  # [D, 1, K] -> [K, D]
+        return t.reshape(t.shape[0], t.shape[-1]).T
+    if path[-1] == "kernel":  # torch Linear [out, in] -> [in, out]
+        return t.T
+    return t
+
+
+def _to_hf(path: tuple[str, ...], a):
+    """Flax array -> HF layout."""
+    if _is_conv_kernel(path):  # [K, D] -> [D, 1, K]
+        return a.T[:, None, :]
+    if path[-1] == "kernel":
+        return a.T
+    return a
+
+
+def _hf_shape(path: tuple[str, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
+    if _is_conv_kernel(path):
+        return (shape[1], 1, shape[0])
+    if path[-1] == "kernel":
+        return tuple(reversed(shape))
+    return tuple(shape)
+
+
+def _param_paths(config: Lfm2Config) -> dict[tuple[str, ...], jax.ShapeDtypeStruct]:
+    """Every Flax param path of this config with its expected shape."""
+    module = Lfm2ForCausalLM(config)
+    shapes = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32))["params"])
+    flat = jax.tree_util.tree_flatten_with_path(shapes)[0]
+    return {tuple(k.key for k in keypath): leaf for keypath, leaf in flat}
+
+
+def _unflatten(flat: dict[tuple[str, ...], Any]) -> dict:
+    tree: dict = {}
+    for path, value in flat.items():
+        node = tree
+        for p in path[:-1]:
+            node = node.setdefault(p, {})
+        node[path[-1]] = value
+    return tree
+
+
+# --------------------------------------------------------------------------------------------------
+# Load
+# --------------------------------------------------------------------------------------------------
+
+
+def _safetensors_files(folder: str) -> list[str]:
+    single, index = os.path.join(folder, _SINGLE), os.path.join(folder, _INDEX)
+    if os.path.isfile(index):
+        with open(index) as f:
+            try:
+                weight_map = json.load(f)["weight_map"]
+            except (json.JSONDecodeError, KeyError) as e:
+                raise ValueError(f"{index} is not a safetensors index (needs a 'weight_map' object): {e}") from None
+        files = sorted(set(weight_map.values()))
+        for name in files:
+            if not os.path.isfile(os.path.join(folder, name)):
+                raise FileNotFoundError(f"{index} names shard {name!r}, which is missing from {folder}")
+        return [os.path.join(folder, name) for name in files]
+    if os.path.isfile(single):
+        return [single]
+    pickled = [p for pat in ("*.bin", "*.pt", "*.pth", "*.ckpt") for p in glob.glob(os.path.join(folder, pat))]
+    if pickled:
+        raise ValueError(
+            f"{folder} holds pickled weights ({', '.join(os.path.basename(p) for p in sorted(pickled))}); "
+            "pickle is refused (it can run arbitrary code). " + _CONVERT_HINT.format(src=folder))
+    others = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if others:
+        raise FileNotFoundError(
+            f"{folder} has {[os.path.basename(p) for p in others]} but neither {_SINGLE} nor {_INDEX}; "
+            f"rename a single file to {_SINGLE} or add an index json")
+    raise FileNotFoundError(f"no weights in {folder}: expected {_SINGLE} or {_INDEX}")
+
+
+def _read_tensors(files: list[str]) -> dict[str, Any]:
+    from safetensors import safe_open
+
+    tensors: dict[str, Any] = {}
+    for file in files:
+        with safe_open(file, framework="flax") as f:
+            for name in f.keys():
+                if name in tensors:
+                    raise ValueError(f"tensor {name!r} appears in more than one shard ({os.path.basename(file)})")
+                tensors[name] = f.get_tensor(name)
+    return tensors
+
+
+def params_from_hf(config: Lfm2Config, tensors: dict[str, Any], where: str = "checkpoint") -> dict:
+    """HF-named tensors (`model.layers.0.conv.in_proj.weight`, ...) -> Flax params in `config.param_dtype`.
+
+    Raises ValueError naming a missing, unexpected or wrongly shaped tensor.
+    """
+    expected = _param_paths(config)
+    tensors = dict(tensors)
+    if config.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)  # tied: transformers ignores a stored copy as well
+    for name in [n for n in tensors if n.endswith(_IGNORED_SUFFIXES)]:
+        tensors.pop(name)
+    names = {path: _hf_name(path) for path in expected}
+    missing = [n for n in names.values() if n not in tensors]
+    if missing:
+        hint = ("set tie_word_embeddings true in config.json if the head is tied to the embedding"
+                if missing == ["lm_head.weight"] else
+                "check that config.json (num_hidden_layers, layer_types, conv_bias) matches the weights")
+        raise ValueError(f"{where} lacks tensor(s) {missing[:5]}{' ...' if len(missing) > 5 else ''} "
+                         f"({len(missing)} missing) that this config needs: {hint}")
+    extra = sorted(set(tensors) - set(names.values()))
+    if extra:
+        raise ValueError(
+            f"{where} has unexpected tensor(s) {extra[:5]}{' ...' if len(extra) > 5 else ''} that "
+            "Lfm2ForCausalLM with this config.json does not use: check num_hidden_layers, layer_types, conv_bias "
+            "and tie_word_embeddings in config.json, or remove the extra tensors")
+    flat = {}
+    for path, spec in expected.items():
+        name, t = names[path], tensors[names[path]]
+        want = _hf_shape(path, spec.shape)
+        if tuple(t.shape) != want:
+            raise ValueError(
+                f"{where}: tensor {name!r} has shape {tuple(t.shape)} but this config.json implies {want} "
+                f"(hidden_size={config.hidden_size}, ff_dim={config.ff_dim}, heads={config.num_attention_heads}, "
+                f"kv_heads={config.num_key_value_heads}, vocab_size={config.vocab_size}); fix config.json to "
+                "match the weights")
+        flat[path] = jnp.asarray(_to_flax(path, jnp.asarray(t)), spec.dtype)
+    return _unflatten(flat)
+
+
+def load_hf(path: str | os.PathLike, dtype=None) -> Lfm2:
+    """Loads a local HF LFM2 folder (`config.json` + `model.safetensors` or a sharded
+    `model.safetensors.index.json`) into an `Lfm2`. dtype (e.g. "bfloat16"): params and activations;
+    default float32. Pickled `.bin`/`.pt` weights are refused."""
+    folder = os.fspath(path)
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"checkpoint folder {folder} does not exist (load_hf takes a local folder; "
+                                "download it first, e.g. `huggingface-cli download LiquidAI/LFM2-350M --local-dir DIR`)")
+    overrides = {}
+    if dtype is not None:
+        overrides = {"dtype": dtype, "param_dtype": dtype}
+    config = Lfm2Config.from_pretrained(folder, **overrides)
+    tensors = _read_tensors(_safetensors_files(folder))
+    params = params_from_hf(config, tensors, where=folder)
+    return Lfm2(config, params)
+
+
+# --------------------------------------------------------------------------------------------------
+# Save
+# --------------------------------------------------------------------------------------------------
+
+
+def params_to_hf(config: Lfm2Config, params: Any) -> dict[str, jax.Array]:
+    """Flax params -> HF-named tensors in torch layouts (no lm_head when tied)."""
+    flat = jax.tree_util.tree_flatten_with_path(params)[0]
+    got = {tuple(k.key for k in keypath): leaf for keypath, leaf in flat}
+    expected = _param_paths(config)
+    if set(got) != set(expected):
+        missing = sorted("/".join(p) for p in set(expected) - set(got))
+        extra = sorted("/".join(p) for p in set(got) - set(expected))
+        raise ValueError(f"params do not match the config: missing {missing[:5]}, unexpected {extra[:5]}")
+    out = {}
+    for path, a in got.items():
+        if tuple(a.shape) != tuple(expected[path].shape):
+            raise ValueError(f"param {'/'.join(path)} has shape {tuple(a.shape)}, config implies "
+                             f"{tuple(expected[path].shape)}")
+        out[_hf_name(path)] = jnp.asarray(_to_hf(path, jnp.asarray(a)))
+    return out
+
+
+def save_hf(model: Lfm2 | Lfm2Config, params_or_path: Any, path: str | os.PathLike | None = None) -> str:
+    """Writes `config.json` + `model.safetensors` loadable by `transformers.Lfm2ForCausalLM.from_pretrained`.
+
+    Call as `save_hf(model, folder)` with an `Lfm2`, or `save_hf(config, params, folder)`. The folder is
+    written atomically (a temp folder beside it, then renamed; an existing folder is replaced). Returns it.
+    """
+    from safetensors.flax import save_file
+
+    if isinstance(model, Lfm2):
+        if path is not None:
+            raise TypeError("save_hf(model, folder) takes two arguments when given an Lfm2")
+        config, params, folder = model.config, model.params, params_or_path
+    elif isinstance(model, Lfm2Config):
+        if path is None:
+            raise TypeError("save_hf(config, params, folder): the folder is missing")
+        config, params, folder = model, params_or_path, path
+    else:
+        raise TypeError(f"save_hf takes an Lfm2 or an Lfm2Config, got {type(model).__name__}")
+    folder = os.path.abspath(os.fspath(folder))
+    tensors = params_to_hf(config, params)
+    parent = os.path.dirname(folder)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.tmp-", dir=parent)
+    try:
+        save_file(tensors, os.path.join(tmp, _SINGLE), metadata={"format": "pt"})
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(config.to_hf_dict(), f, indent=2)
+        old = None
+        if os.path.exists(folder):
+            old = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.old-", dir=parent)
+            os.rmdir(old)
+            os.replace(folder, old)
+        os.replace(tmp, folder)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder

@@ -1,0 +1,638 @@
+"""LFM2 (Liquid AI) in Flax: config, architecture and decode cache.
+
+Matches `transformers.Lfm2ForCausalLM` exactly (same weights, same logits):
+
+* decoder layers of two kinds, chosen by `config.layer_types`: a gated short convolution ("conv") or
+  grouped-query attention ("full_attention"); each is pre-norm and residual:
+  `h = x + op(operator_norm(x))`, `out = h + feed_forward(ffn_norm(h))`;
+* short conv: `B, C, x = split(in_proj(x), 3)`; `y = C * causal_depthwise_conv(B * x)`; `out_proj(y)`;
+* attention: q/k/v projections, per-head RMSNorm on q and k, rotate-half RoPE, causal softmax, out_proj;
+* SwiGLU MLP `w2(silu(w1 x) * w3 x)` of width `config.ff_dim`;
+* RMSNorm in float32 (weight without +1 offset); `embedding_norm` after the last layer; `lm_head` tied to
+  the embedding unless `tie_word_embeddings` is false.
+
+Two entry points share the weights (see `Lfm2ForCausalLM.__call__`): a full causal forward (training,
+log-probs; optional rematerialization) and a cached path for chunked prefill and decode.
+
+Parameter tree (Flax layouts; Dense kernels are `[in, out]`, i.e. torch's weight transposed)::
+
+    embed_tokens/embedding [V, D]         embedding_norm/scale [D]        lm_head/kernel [D, V] (untied)
+    layers_{i}/operator_norm/scale [D]    layers_{i}/ffn_norm/scale [D]
+    layers_{i}/feed_forward/{w1,w3}/kernel [D, F], w2/kernel [F, D]
+    conv layer:      layers_{i}/conv/in_proj/kernel [D, 3D], conv/conv/kernel [K, D], conv/out_proj/kernel [D, D]
+                     (+ `bias` entries when conv_bias)
+    attention layer: layers_{i}/self_attn/{q_proj [D, H*hd], k_proj, v_proj [D, KV*hd], out_proj [H*hd, D]}/kernel,
+                     self_attn/{q_layernorm,k_layernorm}/scale [hd]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+CONV = "conv"
+ATTENTION = "full_attention"
+LAYER_TYPES = (CONV, ATTENTION)
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+_DEFAULT_THETA = 1_000_000.0
+
+
+def _dtype_name(dtype: Any) -> str:
+    """Canonical name ("float32", "bfloat16", "float16") of a dtype given as a string or numpy/jax dtype."""
+    if dtype is None:
+        return "float32"
+    name = dtype if isinstance(dtype, str) else jnp.dtype(dtype).name
+    name = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "float": "float32"}.get(name, name)
+    if name not in _DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(_DTYPES)}")
+    return name
+
+
+# --------------------------------------------------------------------------------------------------
+# Config
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Lfm2Config:
+    """LFM2 hyper-parameters, fields named as in Hugging Face's `config.json` (plus `dtype`, `param_dtype`,
+    `remat`, which are ours and not written to config.json).
+
+    `intermediate_size` is the raw `block_ff_dim`; the MLP width actually used is `ff_dim` (auto-adjust rule).
+    `layer_types[i]` is "conv" or "full_attention"; `head_dim` is hidden_size // num_attention_heads.
+    """
+
+    vocab_size: int = 65536
+    hidden_size: int = 1024
+    intermediate_size: int = 6656
+    num_hidden_layers: int = 16
+    num_attention_heads: int = 16
+    num_key_value_heads: int = 8
+    layer_types: tuple[str, ...] = tuple(ATTENTION if i in (2, 5, 8, 10, 12, 14) else CONV for i in range(16))
+    max_position_embeddings: int = 128_000
+    norm_eps: float = 1e-5
+    conv_bias: bool = False
+    conv_L_cache: int = 3
+    block_multiple_of: int = 256
+    block_ffn_dim_multiplier: float | None = 1.0
+    block_auto_adjust_ff_dim: bool = True
+    rope_theta: float = _DEFAULT_THETA
+    tie_word_embeddings: bool = True
+    initializer_range: float = 0.02
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = 1
+    eos_token_id: int | tuple[int, ...] | None = 2
+    # --- ours (not in config.json) ---
+    dtype: str = "float32"  # activations / matmul inputs
+    param_dtype: str = "float32"  # stored parameters
+    remat: bool = False  # rematerialize each decoder layer in the full forward (saves activation memory)
+
+    def __post_init__(self):
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
+        set_("layer_types", tuple(self.layer_types))
+        if isinstance(self.eos_token_id, list):
+            set_("eos_token_id", tuple(self.eos_token_id))
+        set_("dtype", _dtype_name(self.dtype))
+        set_("param_dtype", _dtype_name(self.param_dtype))
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "conv_L_cache", "block_multiple_of"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"Lfm2Config.{name} must be a positive integer, got {value!r}")
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(
+                f"Lfm2Config.layer_types has {len(self.layer_types)} entries but num_hidden_layers is "
+                f"{self.num_hidden_layers}; give one type per layer")
+        for i, kind in enumerate(self.layer_types):
+            if kind not in LAYER_TYPES:
+                raise ValueError(
+                    f"Lfm2Config.layer_types[{i}] is {kind!r}: unknown layer type; use 'conv' or 'full_attention'")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"Lfm2Config.hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
+                f"({self.num_attention_heads}); choose heads that divide hidden_size")
+        if self.head_dim % 2:
+            raise ValueError(f"Lfm2Config.head_dim ({self.head_dim}) must be even for rotary embeddings")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"Lfm2Config.num_attention_heads ({self.num_attention_heads}) is not divisible by "
+                f"num_key_value_heads ({self.num_key_value_heads}); grouped-query attention needs whole groups")
+        if self.norm_eps <= 0 or self.rope_theta <= 0:
+            raise ValueError("Lfm2Config.norm_eps and rope_theta must be positive")
+
+    # ---- derived sizes ----
+    @property
+    def head_dim(self) -> int:
+        """Per-head width, hidden_size // num_attention_heads (as transformers' Lfm2Attention)."""
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def ff_dim(self) -> int:
+        """MLP width after transformers' auto-adjust rule (LFM2-350M: block_ff_dim 6656 -> 4608)."""
+        ff = self.intermediate_size
+        if self.block_auto_adjust_ff_dim:
+            ff = int(2 * ff / 3)
+            if self.block_ffn_dim_multiplier is not None:
+                ff = int(self.block_ffn_dim_multiplier * ff)
+                m = self.block_multiple_of
+                ff = m * ((ff + m - 1) // m)
+        return ff
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """Indices of the full-attention layers (HF's `full_attn_idxs`)."""
+        return tuple(i for i, t in enumerate(self.layer_types) if t == ATTENTION)
+
+    @property
+    def conv_layers(self) -> tuple[int, ...]:
+        """Indices of the short-conv layers."""
+        return tuple(i for i, t in enumerate(self.layer_types) if t == CONV)
+
+    @property
+    def jnp_dtype(self):
+        """Activation dtype as a jnp dtype."""
+        return _DTYPES[self.dtype]
+
+    @property
+    def jnp_param_dtype(self):
+        """Parameter dtype as a jnp dtype."""
+        return _DTYPES[self.param_dtype]
+
+    def replace(self, **changes) -> Lfm2Config:
+        """A copy with some fields changed (validated again)."""
+        if "layer_types" in changes and "num_hidden_layers" not in changes:
+            changes["num_hidden_layers"] = len(changes["layer_types"])
+        return dataclasses.replace(self, **changes)
+
+    # ---- Hugging Face config.json ----
+    @classmethod
+    def from_hf_dict(cls, d: Mapping[str, Any], **overrides) -> Lfm2Config:
+        """Reads a Hugging Face LFM2 `config.json` dict (also the legacy keys `full_attn_idxs`, `block_ff_dim`,
+        `tie_embedding`, `theta`/`rope_theta`); `overrides` set fields directly (e.g. dtype="bfloat16")."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"an LFM2 config must be a dict (config.json), got {type(d).__name__}")
+        model_type = d.get("model_type", "lfm2")
+        if model_type != "lfm2":
+            raise ValueError(
+                f"config.json has model_type {model_type!r}, not 'lfm2': this loader only reads LFM2 "
+                "text models (Lfm2ForCausalLM)")
+        defaults = cls()
+        kw: dict[str, Any] = {}
+        plain = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "max_position_embeddings", "norm_eps", "conv_bias", "conv_L_cache",
+                 "block_multiple_of", "block_ffn_dim_multiplier", "block_auto_adjust_ff_dim",
+                 "tie_word_embeddings", "initializer_range", "pad_token_id", "bos_token_id",
+                 "eos_token_id")
+        for key in plain:
+            if key in d:
+                kw[key] = d[key]
+        # transformers: block_ff_dim / tie_embedding override intermediate_size / tie_word_embeddings
+        if d.get("block_ff_dim") is not None:
+            kw["intermediate_size"] = d["block_ff_dim"]
+        if d.get("tie_embedding") is not None:
+            kw["tie_word_embeddings"] = d["tie_embedding"]
+        if "num_attention_heads" not in kw and d.get("num_heads") is not None:
+            kw["num_attention_heads"] = d["num_heads"]
+        theta = d.get("theta", d.get("rope_theta"))
+        rope = d.get("rope_parameters") or d.get("rope_scaling")
+        if isinstance(rope, Mapping):
+            rope_type = rope.get("rope_type", rope.get("type", "default"))
+            if rope_type != "default":
+                raise ValueError(
+                    f"config.json rope_parameters.rope_type is {rope_type!r}; only 'default' RoPE is supported")
+            theta = rope.get("rope_theta", theta)
+        kw["rope_theta"] = float(theta) if theta is not None else _DEFAULT_THETA
+        n_layers = kw.get("num_hidden_layers", defaults.num_hidden_layers)
+        if d.get("layer_types") is not None:
+            kw["layer_types"] = tuple(d["layer_types"])
+        else:
+            idxs = d.get("full_attn_idxs")
+            idxs = list(range(n_layers)) if idxs is None else list(idxs)
+            kw["layer_types"] = tuple(ATTENTION if i in idxs else CONV for i in range(n_layers))
+        kw.update(overrides)
+        config = cls(**kw)
+        if d.get("head_dim") not in (None, config.head_dim):
+            raise ValueError(
+                f"config.json head_dim {d['head_dim']} differs from hidden_size // num_attention_heads "
+                f"({config.head_dim}); LFM2 (as transformers implements it) does not support a separate head_dim")
+        return config
+
+    @classmethod
+    def from_pretrained(cls, folder: str | os.PathLike, **overrides) -> Lfm2Config:
+        """Reads `folder/config.json` (see `from_hf_dict`)."""
+        path = os.path.join(os.fspath(folder), "config.json")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path} not found: an LFM2 checkpoint folder needs a config.json")
+        with open(path) as f:
+            return cls.from_hf_dict(json.load(f), **overrides)
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The Hugging Face `config.json` dict that `transformers.Lfm2Config(**d)` reads back identically."""
+        d: dict[str, Any] = {
+            "architectures": ["Lfm2ForCausalLM"],
+            "model_type": "lfm2",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "layer_types": list(self.layer_types),
+            "full_attn_idxs": list(self.attention_layers),
+            "max_position_embeddings": self.max_position_embeddings,
+            "norm_eps": self.norm_eps,
+            "conv_bias": self.conv_bias,
+            "conv_L_cache": self.conv_L_cache,
+            "block_multiple_of": self.block_multiple_of,
+            "block_ffn_dim_multiplier": self.block_ffn_dim_multiplier,
+            "block_auto_adjust_ff_dim": self.block_auto_adjust_ff_dim,
+            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "initializer_range": self.initializer_range,
+            "pad_token_id": self.pad_token_id,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id,
+            "use_cache": True,
+            "dtype": self.param_dtype,
+        }
+        return d
+
+
+def _lfm2_preset(hidden: int, ff: int, heads: int) -> Lfm2Config:
+    return Lfm2Config(hidden_size=hidden, intermediate_size=ff, num_attention_heads=heads, num_key_value_heads=8,
+                      eos_token_id=7)
+
+
+PRESETS: dict[str, Lfm2Config] = {
+    # The released LFM2 text models (16 layers, attention at 2, 5, 8, 10, 12, 14, vocab 65536).
+    "lfm2-350m": _lfm2_preset(1024, 6656, 16),  # 354,483,968 parameters
+    "lfm2-700m": _lfm2_preset(1536, 10240, 24),
+    "lfm2-1.2b": _lfm2_preset(2048, 12288, 32),
+    # Tests: ~80k parameters, both layer kinds, GQA.
+    "tiny": Lfm2Config(vocab_size=512, hidden_size=32, intermediate_size=192, num_hidden_layers=4,
+                       num_attention_heads=4, num_key_value_heads=2,
+                       layer_types=(CONV, ATTENTION, CONV, ATTENTION), block_multiple_of=16,
+                       max_position_embeddings=4096, rope_theta=10_000.0),
+    # CPU experiments and the forward benchmark: ~5.3M parameters, ~1k-vocab project tokenizer.
+    "cpu-5m": Lfm2Config(vocab_size=1024, hidden_size=256, intermediate_size=768, num_hidden_layers=8,
+                         num_attention_heads=4, num_key_value_heads=2,
+                         layer_types=(CONV, CONV, ATTENTION, CONV, CONV, ATTENTION, CONV, ATTENTION),
+                         max_position_embeddings=4096),
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# Sharding: logical axis names -> mesh axes
+# --------------------------------------------------------------------------------------------------
+
+
+def logical_axis_rules(fsdp: bool = True, tensor: bool = False) -> tuple[tuple[str, Any], ...]:
+    """Rules mapping the logical axes of the LFM2 params (and "batch") onto mesh axes `data`/`fsdp`/`tensor`.
+
+    fsdp: shard the `embed` dimension of every weight over `fsdp` (and the batch over data x fsdp);
+    tensor: shard `vocab`, `mlp`, `heads`, `kv_heads` over `tensor`. Use with
+    `nn.logical_to_mesh_sharding(logical_param_specs(config), mesh, rules)`.
+    """
+    t = "tensor" if tensor else None
+    return (
+        ("batch", ("data", "fsdp") if fsdp else "data"),
+        ("embed", "fsdp" if fsdp else None),
+        ("vocab", t),
+        ("mlp", t),
+        ("heads", t),
+        ("kv_heads", t),
+        ("conv_in", None),
+        ("conv_hidden", None),
+        ("conv_window", None),
+        ("norm", None),
+        ("head_dim", None),
+    )
+
+
+def logical_param_specs(config: Lfm2Config) -> Any:
+    """Pytree (same structure as the params) of `PartitionSpec`s over logical axis names."""
+    module = Lfm2ForCausalLM(config)
+    boxed = jax.eval_shape(
+        lambda: nn.Module.init(module, jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32))["params"])
+    return nn.get_partition_spec(boxed)
+
+
+def param_shardings(config: Lfm2Config, mesh: jax.sharding.Mesh, rules: Sequence[tuple[str, Any]] | None = None):
+    """Pytree of `NamedSharding`s for the params on `mesh` (default rules: `logical_axis_rules()`)."""
+    rules = logical_axis_rules() if rules is None else rules
+    return nn.logical_to_mesh_sharding(logical_param_specs(config), mesh, rules)
+
+
+def _init(config: Lfm2Config, names: tuple[str | None, ...], init=None):
+    init = nn.initializers.normal(config.initializer_range) if init is None else init
+    return nn.with_logical_partitioning(init, names)
+
+
+# --------------------------------------------------------------------------------------------------
+# Cache
+# --------------------------------------------------------------------------------------------------
+
+
+class Lfm2Cache(NamedTuple):
+    """Decode state for a batch of B rows (a pytree; donate it to jit).
+
+    lengths: int32[B]                      tokens already in the cache per row
+    keys / values: tuple over attention layers (in layer order) of [B, max_len, kv_heads, head_dim]
+                   (keys after q/k-norm and RoPE)
+    conv: tuple over conv layers (in layer order) of [B, conv_L_cache - 1, hidden]: the last K-1 inputs of the
+          depthwise conv (B * x after in_proj), oldest first
+    """
+
+    lengths: jax.Array
+    keys: tuple[jax.Array, ...]
+    values: tuple[jax.Array, ...]
+    conv: tuple[jax.Array, ...]
+
+    @property
+    def max_len(self) -> int:
+        """Positions available per row (0 when the model has no attention layer)."""
+        return self.keys[0].shape[1] if self.keys else 0
+
+
+def init_cache(config: Lfm2Config, batch: int, max_len: int, dtype=None) -> Lfm2Cache:
+    """An empty cache: lengths 0, zero K/V [batch, max_len, kv_heads, head_dim], zero conv states
+    [batch, conv_L_cache-1, hidden]; dtype defaults to `config.dtype`."""
+    dtype = config.jnp_dtype if dtype is None else dtype
+    kv_shape = (batch, max_len, config.num_key_value_heads, config.head_dim)
+    n_attn = len(config.attention_layers)
+    return Lfm2Cache(
+        lengths=jnp.zeros((batch,), jnp.int32),
+        keys=tuple(jnp.zeros(kv_shape, dtype) for _ in range(n_attn)),
+        values=tuple(jnp.zeros(kv_shape, dtype) for _ in range(n_attn)),
+        conv=tuple(jnp.zeros((batch, config.conv_L_cache - 1, config.hidden_size), dtype)
+                   for _ in config.conv_layers),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Layers
+# --------------------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last axis, computed in float32: `scale * (x / rms(x)).astype(x.dtype)` (no +1 offset)."""
+
+    config: Lfm2Config
+    logical_axis: str = "norm"
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        scale = self.param("scale", _init(self.config, (self.logical_axis,), nn.initializers.ones),
+                           (x.shape[-1],), self.config.jnp_param_dtype)
+        xf = x.astype(jnp.float32)
+        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.config.norm_eps)
+        return jnp.asarray(scale, x.dtype) * xf.astype(x.dtype)
+
+
+def _dense(config: Lfm2Config, features: int, names: tuple[str, str], name: str, bias: bool = False) -> nn.Dense:
+    return nn.Dense(features, use_bias=bias, dtype=config.jnp_dtype, param_dtype=config.jnp_param_dtype,
+                    kernel_init=_init(config, names),
+                    bias_init=_init(config, (names[1],), nn.initializers.zeros), name=name)
+
+
+class MLP(nn.Module):
+    """SwiGLU: `w2(silu(w1 x) * w3 x)`; x [B, T, D] -> [B, T, D], hidden width `config.ff_dim`."""
+
+    config: Lfm2Config
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.config
+        gate = _dense(cfg, cfg.ff_dim, ("embed", "mlp"), "w1")(x)
+        up = _dense(cfg, cfg.ff_dim, ("embed", "mlp"), "w3")(x)
+        return _dense(cfg, cfg.hidden_size, ("mlp", "embed"), "w2")(nn.silu(gate) * up)
+
+
+class DepthwiseCausalConv(nn.Module):
+    """Depthwise conv without padding: seq [B, K-1+T, D] -> [B, T, D], out[t] = sum_k kernel[k] * seq[t + k]
+    (+ bias). Param `kernel` [K, D] is torch's Conv1d weight [D, 1, K] transposed."""
+
+    config: Lfm2Config
+
+    @nn.compact
+    def __call__(self, seq: jax.Array) -> jax.Array:
+        cfg = self.config
+        D, K = cfg.hidden_size, cfg.conv_L_cache
+        T = seq.shape[1] - (K - 1)
+        kernel = self.param("kernel", _init(cfg, ("conv_window", "conv_hidden")), (K, D), cfg.jnp_param_dtype)
+        kernel = jnp.asarray(kernel, cfg.jnp_dtype)
+        out = seq[:, 0:T] * kernel[0]
+        for k in range(1, K):
+            out = out + seq[:, k:k + T] * kernel[k]
+        if cfg.conv_bias:
+            bias = self.param("bias", _init(cfg, ("conv_hidden",), nn.initializers.zeros), (D,), cfg.jnp_param_dtype)
+            out = out + jnp.asarray(bias, cfg.jnp_dtype)
+        return out
+
+
+class ShortConv(nn.Module):
+    """Gated short convolution. x [B, T, D] -> ([B, T, D], new conv state [B, K-1, D]).
+
+    `state` [B, K-1, D] holds the K-1 conv inputs before x (zeros: the zero left padding of the full forward);
+    `num_valid` [B] (cached path only): only x[b, :num_valid[b]] are real; the new state is the last K-1 real
+    inputs of the concatenation [state, B*x].
+    """
+
+    config: Lfm2Config
+
+    @nn.compact
+    def __call__(self, x: jax.Array, state: jax.Array, num_valid: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+        cfg = self.config
+        D, K = cfg.hidden_size, cfg.conv_L_cache
+        T = x.shape[1]
+        bcx = _dense(cfg, 3 * D, ("embed", "conv_in"), "in_proj", cfg.conv_bias)(x)
+        b, c, xx = jnp.split(bcx, 3, axis=-1)
+        bx = b * xx  # [B, T, D], the conv input
+        seq = jnp.concatenate([state.astype(bx.dtype), bx], axis=1)  # [B, K-1+T, D]
+        conv = DepthwiseCausalConv(cfg, name="conv")(seq)
+        y = _dense(cfg, D, ("conv_hidden", "embed"), "out_proj", cfg.conv_bias)(c * conv)
+        if K == 1:
+            new_state = state
+        elif num_valid is None:
+            new_state = seq[:, T:]  # last K-1 inputs
+        else:  # last K-1 REAL inputs of row b: seq[b, num_valid[b] : num_valid[b] + K-1]
+            idx = num_valid[:, None] + jnp.arange(K - 1)[None, :]
+            new_state = jnp.take_along_axis(seq, idx[:, :, None], axis=1)
+        return y, new_state.astype(state.dtype)
+
+
+def _rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotate-half RoPE. x [B, T, H, hd], positions int32[B, T]."""
+    hd = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (np.arange(0, hd, 2, dtype=np.float32) / np.float32(hd)))  # float32 like torch
+    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)  # [B, T, hd/2]
+    cos = jnp.cos(freqs).astype(x.dtype)[:, :, None, :]
+    sin = jnp.sin(freqs).astype(x.dtype)[:, :, None, :]
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+class Attention(nn.Module):
+    """GQA with q/k RMSNorm and RoPE. x [B, T, D], positions int32[B, T] -> ([B, T, D], (K, V) or None).
+
+    Without `kv` (full forward) keys are this call's tokens, causal by position. With `kv` = (K, V)
+    [B, S, KV, hd] the T new keys/values of row b are written at `positions[b]` (entries t >= num_valid[b]
+    are dropped) and a query at position q attends to the cached keys at positions <= q.
+    """
+
+    config: Lfm2Config
+
+    @nn.compact
+    def __call__(self, x, positions, num_valid, kv):
+        cfg = self.config
+        B, T, _ = x.shape
+        H, KV, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        q = _dense(cfg, H * hd, ("embed", "heads"), "q_proj")(x).reshape(B, T, H, hd)
+        k = _dense(cfg, KV * hd, ("embed", "kv_heads"), "k_proj")(x).reshape(B, T, KV, hd)
+        v = _dense(cfg, KV * hd, ("embed", "kv_heads"), "v_proj")(x).reshape(B, T, KV, hd)
+        q = RMSNorm(cfg, "head_dim", name="q_layernorm")(q)
+        k = RMSNorm(cfg, "head_dim", name="k_layernorm")(k)
+        q = _rope(q, positions, cfg.rope_theta)
+        k = _rope(k, positions, cfg.rope_theta)
+        if kv is None:
+            keys, values, key_pos, new_kv = k, v, positions, None
+        else:
+            k_cache, v_cache = kv
+            S = k_cache.shape[1]
+            write = jnp.where(jnp.arange(T)[None, :] < num_valid[:, None], positions, S)  # S: out of range, dropped
+            rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
+            k_cache = k_cache.at[rows, write].set(k.astype(k_cache.dtype), mode="drop")
+            v_cache = v_cache.at[rows, write].set(v.astype(v_cache.dtype), mode="drop")
+            keys, values = k_cache.astype(q.dtype), v_cache.astype(q.dtype)
+            key_pos = jnp.broadcast_to(jnp.arange(S)[None, :], (B, S))
+            new_kv = (k_cache, v_cache)
+        mask = key_pos[:, None, :] <= positions[:, :, None]  # [B, T, S]
+        qg = q.reshape(B, T, KV, H // KV, hd)  # head h = kv * G + g, as transformers' repeat_kv
+        scores = jnp.einsum("btkgd,bskd->bkgts", qg, keys, preferred_element_type=jnp.float32)
+        scores = scores * (hd ** -0.5)
+        scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(B, T, H * hd)
+        return _dense(cfg, cfg.hidden_size, ("heads", "embed"), "out_proj")(out), new_kv
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual layer: `h = x + op(operator_norm(x))`; `h + feed_forward(ffn_norm(h))`.
+
+    op is `ShortConv` (state: conv state [B, K-1, D]) or `Attention` (state: None or (K, V) cache).
+    Returns (out [B, T, D], new state).
+    """
+
+    config: Lfm2Config
+    is_attention: bool
+
+    @nn.compact
+    def __call__(self, x, positions, num_valid, state):
+        cfg = self.config
+        h = RMSNorm(cfg, name="operator_norm")(x)
+        if self.is_attention:
+            h, state = Attention(cfg, name="self_attn")(h, positions, num_valid, state)
+        else:
+            h, state = ShortConv(cfg, name="conv")(h, state, num_valid)
+        h = x + h
+        out = h + MLP(cfg, name="feed_forward")(RMSNorm(cfg, name="ffn_norm")(h))
+        return out, state
+
+
+class Lfm2ForCausalLM(nn.Module):
+    """LFM2 causal LM, weights compatible with `transformers.Lfm2ForCausalLM` (see `models.hf`).
+
+    `init` returns plain arrays (no logical-axis boxes); get the partitioning from `logical_param_specs`.
+    """
+
+    config: Lfm2Config
+    remat: bool | None = None  # overrides config.remat when set
+
+    @nn.nowrap
+    def init(self, rngs, *args, **kwargs):
+        """`flax.linen.Module.init`, with the `nn.Partitioned` boxes removed (plain arrays)."""
+        return nn.meta.unbox(super().init(rngs, *args, **kwargs))
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array, cache: Lfm2Cache | None = None,
+                 num_valid: jax.Array | None = None) -> tuple[jax.Array, Lfm2Cache | None]:
+        """tokens int32[B, T] -> (logits float32[B, T, V], new cache or None).
+
+        cache None: full causal forward over positions 0..T-1 (num_valid ignored).
+        cache given: row b's tokens go to positions lengths[b]..lengths[b]+T-1; only the first num_valid[b]
+        (int32[B], default T) are real, advance the cache (`lengths += num_valid`, conv state = last K-1 real
+        inputs) and are attended to; logits at padded slots are garbage. Needs lengths + num_valid <= max_len.
+        """
+        cfg = self.config
+        B, T = tokens.shape
+        embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=cfg.jnp_dtype, param_dtype=cfg.jnp_param_dtype,
+                         embedding_init=_init(cfg, ("vocab", "embed")), name="embed_tokens")
+        x = embed(tokens)
+        if cache is None:
+            positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32)[None, :], (B, T))
+            num_valid = None
+        else:
+            num_valid = (jnp.full((B,), T, jnp.int32) if num_valid is None
+                         else jnp.asarray(num_valid, jnp.int32).reshape(B))
+            positions = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+        remat = cfg.remat if self.remat is None else self.remat
+        layer_cls = nn.remat(DecoderLayer) if (remat and cache is None) else DecoderLayer
+        zero_conv = jnp.zeros((B, cfg.conv_L_cache - 1, cfg.hidden_size), cfg.jnp_dtype)
+        keys, values, convs = [], [], []
+        for i, kind in enumerate(cfg.layer_types):
+            attn = kind == ATTENTION
+            if cache is None:
+                state = None if attn else zero_conv
+            elif attn:
+                state = (cache.keys[len(keys)], cache.values[len(keys)])
+            else:
+                state = cache.conv[len(convs)]
+            x, state = layer_cls(cfg, attn, name=f"layers_{i}")(x, positions, num_valid, state)
+            if cache is not None:
+                if attn:
+                    keys.append(state[0])
+                    values.append(state[1])
+                else:
+                    convs.append(state)
+        x = RMSNorm(cfg, name="embedding_norm")(x)
+        if cfg.tie_word_embeddings:
+            w = jnp.asarray(embed.embedding, cfg.jnp_dtype)  # [V, D]
+            logits = jnp.einsum("btd,vd->btv", x, w, preferred_element_type=jnp.float32)
+        else:
+            logits = _LMHead(cfg, name="lm_head")(x)
+        new_cache = None
+        if cache is not None:
+            new_cache = Lfm2Cache(cache.lengths + num_valid, tuple(keys), tuple(values), tuple(convs))
+        return logits.astype(jnp.float32), new_cache
+
+
+class _LMHead(nn.Module):
+    """Untied output projection: x [B, T, D] -> float32 logits [B, T, V] (param `kernel` [D, V])."""
+
+    config: Lfm2Config
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        kernel = self.param("kernel", _init(cfg, ("embed", "vocab")), (cfg.hidden_size, cfg.vocab_size),
+                            cfg.jnp_param_dtype)
+        return jnp.einsum("btd,dv->btv", x, jnp.asarray(kernel, cfg.jnp_dtype), preferred_element_type=jnp.float32)
+
+
+def init_params(config: Lfm2Config, key: jax.Array) -> dict:
+    """Random parameters (plain arrays in `config.param_dtype`), normal(initializer_range) weights, unit norms."""
+    module = Lfm2ForCausalLM(config)
+    return jax.jit(lambda k: module.init(k, jnp.zeros((1, 1), jnp.int32))["params"])(key)
+
+
+def count_params(params: Any) -> int:
+    """Total number of parameters in a pytree (arrays or ShapeDtypeStructs)."""
+    return int(sum(np.prod(p.shape) for p in jax.tree_util.tree_leaves(params)))

@@ -1,0 +1,409 @@
+"""SFT: expert games on device, their rendering, dataset I/O, assistant-only masks, the loss and a short run."""
+
+import dataclasses
+import json
+import re
+import sys
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from envs import tictactoe as ttt
+from jaxrl_llm import sft, sft_data, text
+from jaxrl_llm.optim import OptimConfig
+from jaxrl_llm.tokenizer import load_tokenizer
+
+NUM_GAMES = 256  # one compiled generator (and replay) serves every test
+REPLY_RE = re.compile(r"^<think>(.*)</think>\n<move>([0-8])</move>$")
+PARAMS = ttt.EnvParams(max_turns=8)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def perfect_games():
+    """Teacher without exploration (its moves must all be optimal)."""
+    return sft_data.generate_expert_games(jax.random.PRNGKey(0), NUM_GAMES, teacher_random_move_prob=0.0,
+                                          opponent_p_range=(0.0, 1.0))
+
+
+@pytest.fixture(scope="module")
+def explore_games():
+    """Teacher exploring 40% of the time (some games are lost and must be filtered out)."""
+    return sft_data.generate_expert_games(jax.random.PRNGKey(1), NUM_GAMES, teacher_random_move_prob=0.4,
+                                          opponent_p_range=(0.0, 0.5))
+
+
+@pytest.fixture(scope="module")
+def rows(perfect_games, explore_games):
+    return {
+        "reference": sft_data.games_to_rows(perfect_games, "reference"),
+        "compact": sft_data.games_to_rows(explore_games, "compact"),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Independent helpers (plain Python)
+
+
+def py_kind(board, move):
+    """Move kind from first principles: win / block / centre / corner / other."""
+    lines = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
+    through = [ln for ln in lines if move in ln]
+    if any(all(board[c] == ttt.X for c in ln if c != move) for ln in through):
+        return "win"
+    if any(all(board[c] == ttt.O for c in ln if c != move) for ln in through):
+        return "block"
+    return "centre" if move == 4 else ("corner" if move in (0, 2, 6, 8) else "other")
+
+
+@jax.jit
+def _replay(seeds, p, moves):
+    """Replay recorded moves int32[R, 5] (-1 padding never reaches a live game) -> per-turn states."""
+    start = jax.vmap(ttt.reset, in_axes=(0, 0, None))(seeds, p, PARAMS)
+
+    def turn(state, move):
+        new = jax.vmap(ttt.step, in_axes=(0, 0, None))(state, move, PARAMS)
+        return new, new
+
+    _, states = jax.lax.scan(turn, start, moves.T)
+    return start, states
+
+
+def replay_rows(rows):
+    """Replay rows (padded to NUM_GAMES, so one compilation serves every call)."""
+    seeds = np.zeros(NUM_GAMES, np.uint32)
+    p = np.zeros(NUM_GAMES, np.float32)
+    moves = np.full((NUM_GAMES, sft_data.MAX_MODEL_MOVES), -1, np.int32)
+    for i, r in enumerate(rows):
+        seeds[i] = r["info"]["example_seed"]
+        p[i] = r["info"]["random_move_prob"]
+        moves[i, : len(r["info"]["moves"])] = r["info"]["moves"]
+    start, states = jax.device_get(_replay(jnp.asarray(seeds), jnp.asarray(p), jnp.asarray(moves)))
+    return start, states
+
+
+_optimal_x = jax.jit(jax.vmap(lambda board: ttt.optimal_moves(board, ttt.X)))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Games
+
+
+def test_move_kind_examples():
+    move_kind = jax.jit(sft_data.move_kind)
+    b = np.zeros(9, np.int8)
+    x, o = ttt.X, ttt.O
+    win = b.copy(); win[[0, 1]] = x; win[[3, 4]] = o  # noqa: E702
+    assert int(move_kind(win, 2)) == sft_data.MOVE_WIN
+    assert int(move_kind(win, 5)) == sft_data.MOVE_BLOCK  # O would complete 3-4-5
+    assert int(move_kind(win, 8)) == sft_data.MOVE_CORNER
+    assert int(move_kind(b, 4)) == sft_data.MOVE_CENTRE
+    assert int(move_kind(b, 7)) == sft_data.MOVE_OTHER
+    both = b.copy(); both[[0, 1]] = x; both[[5, 8]] = o  # noqa: E702  cell 2 wins for X and blocks O
+    assert int(move_kind(both, 2)) == sft_data.MOVE_WIN
+
+
+def test_games_legal_finished_optimal(perfect_games, explore_games):
+    for games, optimal_teacher in ((perfect_games, True), (explore_games, False)):
+        n = games.num_moves
+        assert ((n >= 1) & (n <= 5)).all()
+        assert np.isin(games.outcome, [ttt.OUTCOME_WIN, ttt.OUTCOME_DRAW, ttt.OUTCOME_LOSS]).all()  # all finished
+        live = np.arange(5)[None, :] < n[:, None]
+        assert (games.moves[~live] == -1).all() and (games.kinds[~live] == -1).all()
+        boards, moves = games.boards[live], games.moves[live]
+        assert (boards[np.arange(len(moves)), moves] == ttt.EMPTY).all()  # every move on a free cell
+        optimal = np.asarray(_optimal_x(jnp.asarray(games.boards.reshape(-1, 9)))).reshape(NUM_GAMES, 5, 9)[live]
+        is_opt = optimal[np.arange(len(moves)), moves]
+        explored = games.explored[live]
+        assert is_opt[~explored].all()  # a move that did not explore is always optimal
+        kinds = [sft_data.MOVE_KIND_NAMES[k] for k in games.kinds[live]]
+        assert kinds == [py_kind(list(bd), int(m)) for bd, m in zip(boards, moves)]
+        if optimal_teacher:
+            assert not explored.any() and is_opt.all()
+            assert (games.outcome != ttt.OUTCOME_LOSS).all()  # perfect play never loses
+    assert explore_games.explored.any()
+    assert (explore_games.outcome == ttt.OUTCOME_LOSS).any()  # so the filter below has something to drop
+    p = explore_games.random_move_prob
+    assert (p >= 0.0).all() and (p <= 0.5).all() and p.std() > 0.05
+
+
+def test_rows_drop_lost_games(explore_games, rows):
+    kept = np.isin(explore_games.outcome, [ttt.OUTCOME_WIN, ttt.OUTCOME_DRAW])
+    assert len(rows["compact"]) == kept.sum() < NUM_GAMES
+    assert {r["info"]["outcome"] for r in rows["compact"]} <= {"win", "draw"}
+    with_losses = sft_data.games_to_rows(explore_games, "compact", keep_losses=True)
+    assert len(with_losses) == NUM_GAMES
+
+
+@pytest.mark.parametrize("preset_name", ["reference", "compact"])
+def test_conversations_parse_back(rows, preset_name):
+    preset = text.PRESETS[preset_name]
+    rs = rows[preset_name]
+    start, states = replay_rows(rs)
+    for i, r in enumerate(rs):
+        info = r["info"]
+        assert [m["role"] for m in r["prompt"]] == ["system", "user"]
+        assert r["prompt"][0]["content"] == text.system_prompt(preset)
+        assert r["prompt"][1]["content"] == text.render_message(
+            preset, start.board[i], int(start.status[i]), int(start.last_opponent_move[i]))
+        comp = r["completion"]
+        n = len(info["moves"])
+        assert [m["role"] for m in comp] == ["assistant", "user"] * n
+        for t in range(n):
+            match = REPLY_RE.match(comp[2 * t]["content"])
+            assert match, comp[2 * t]["content"]
+            assert int(match.group(2)) == info["moves"][t]
+            s = jax.tree.map(lambda a: a[t, i], states)
+            assert comp[2 * t + 1]["content"] == text.render_message(
+                preset, s.board, int(s.status), int(s.last_opponent_move))
+            assert bool(s.done) == (t == n - 1)
+        final = jax.tree.map(lambda a: a[n - 1, i], states)
+        assert int(final.status) >= text.FIRST_FINAL_STATUS
+        assert {ttt.OUTCOME_WIN: "win", ttt.OUTCOME_DRAW: "draw"}[int(final.outcome)] == info["outcome"]
+
+
+def test_reasoning_matches_move_kind(rows):
+    seen = set()
+    for preset_name, rs in rows.items():
+        start, states = replay_rows(rs)
+        for i, r in enumerate(rs):
+            board = start.board[i]
+            for t, move in enumerate(r["info"]["moves"]):
+                reasoning = REPLY_RE.match(r["completion"][2 * t]["content"]).group(1)
+                kind = sft_data.MOVE_KIND_NAMES[sft_data.kind_of_reasoning(reasoning)]
+                assert kind == py_kind(list(board), move) == r["info"]["move_kinds"][t]
+                after = jax.tree.map(lambda a: a[t, i], states)
+                if kind == "win":  # a win phrase only where the move wins, and every winning move says so
+                    assert int(after.status) == ttt.STATUS_WIN
+                if int(after.status) == ttt.STATUS_WIN:
+                    assert kind == "win"
+                seen.add(kind)
+                board = after.board
+    assert seen == set(sft_data.MOVE_KIND_NAMES)
+    with pytest.raises(ValueError):
+        sft_data.kind_of_reasoning("I like this cell.")
+
+
+def test_generation_argument_errors():
+    key = jax.random.PRNGKey(0)
+    with pytest.raises(ValueError, match="teacher_random_move_prob"):
+        sft_data.generate_expert_games(key, 4, teacher_random_move_prob=1.5)
+    with pytest.raises(ValueError, match="p_min <= p_max"):
+        sft_data.generate_expert_games(key, 4, opponent_p_range=(0.6, 0.2))
+    with pytest.raises(ValueError, match="num_games"):
+        sft_data.generate_expert_games(key, 0)
+    with pytest.raises(ValueError, match="preset"):
+        sft_data.make_expert_dataset(key, 4, preset="nope")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Dataset I/O
+
+
+def test_dataset_round_trips(tmp_path, rows):
+    rs = rows["compact"][:20]
+    ds = sft_data.rows_to_dataset(rs)
+    assert ds.column_names == ["prompt", "completion", "info"]
+    assert ds.to_list() == rs
+    sft_data.save_sft_dataset(ds, tmp_path / "disk")
+    assert sft_data.load_sft_dataset(tmp_path / "disk").to_list() == rs
+    sft_data.export_jsonl(ds, tmp_path / "games.jsonl")
+    lines = (tmp_path / "games.jsonl").read_text().splitlines()
+    assert len(lines) == len(rs) and json.loads(lines[0]) == rs[0]
+    assert sft_data.load_sft_dataset(tmp_path / "games.jsonl").to_list() == rs
+    # A DatasetDict on disk and a Hub-style folder of Parquet files load through the same function.
+    import datasets
+
+    datasets.DatasetDict({"train": ds}).save_to_disk(str(tmp_path / "dict"))
+    assert sft_data.load_sft_dataset(tmp_path / "dict").to_list() == rs
+    (tmp_path / "hub" / "data").mkdir(parents=True)
+    ds.to_parquet(str(tmp_path / "hub" / "data" / "train-00000-of-00001.parquet"))
+    assert sft_data.load_sft_dataset(tmp_path / "hub").to_list() == rs
+
+
+def test_load_public_layout(tmp_path, tok, rows):
+    """A row shaped like anakin87/tictactoe-filtered (extra columns, its own info struct) loads and tokenizes."""
+    r = rows["reference"][0]
+    public = {
+        "example_id": 7, "prompt": r["prompt"], "completion": r["completion"], "task": "default", "reward": 1.2,
+        "info": {"example_seed": 12, "initial_board": [None] * 9, "random_move_prob": 0.3},
+        "win_reward_func": 1.0, "format_reward_func": 1.0, "invalid_move_penalty_func": 0.0,
+    }
+    (tmp_path / "public.jsonl").write_text(json.dumps(public) + "\n")
+    ds = sft_data.load_sft_dataset(tmp_path / "public.jsonl")
+    assert ds[0]["prompt"] == r["prompt"] and ds[0]["completion"] == r["completion"]
+    a = sft.tokenize_sft(tok, ds, 1024)
+    b = sft.tokenize_sft(tok, [r], 1024)
+    np.testing.assert_array_equal(a["tokens"], b["tokens"])
+    np.testing.assert_array_equal(a["loss_mask"], b["loss_mask"])
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"text": "hello"}) + "\n")
+    with pytest.raises(ValueError, match="prompt"):
+        sft_data.load_sft_dataset(tmp_path / "bad.jsonl")
+    with pytest.raises(FileNotFoundError):
+        sft_data.load_sft_dataset(tmp_path / "missing")
+
+
+def test_tfds_round_trip(tmp_path, rows):
+    missing = "the optional 'tfds' extra ({}) is not installed: pip install 'jaxrl_llm[tfds]'"
+    pytest.importorskip("tensorflow_datasets", reason=missing.format("tensorflow-datasets"))
+    pytest.importorskip("array_record", reason=missing.format("array-record"))
+    rs = rows["reference"][:6]
+    folder = sft_data.export_tfds(rs, tmp_path / "tfds")
+    assert any("array_record" in p.name for p in folder.iterdir())
+    assert sft_data.load_tfds(folder) == rs
+    assert sft_data.load_sft_dataset(tmp_path / "tfds").to_list() == rs
+    with pytest.raises(FileExistsError):
+        sft_data.export_tfds(rs, tmp_path / "tfds")
+    assert sft_data.load_tfds(sft_data.export_tfds(rs[:2], tmp_path / "tfds", overwrite=True)) == rs[:2]
+
+
+def test_tfds_missing_extra_error(monkeypatch, rows):
+    monkeypatch.setitem(sys.modules, "tensorflow_datasets", None)  # import now raises ImportError
+    with pytest.raises(ImportError, match=r"jaxrl_llm\[tfds\]"):
+        sft_data.export_tfds(rows["reference"][:1], "/nonexistent")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tokenization and the loss mask
+
+
+def independent_mask(tok, ids):
+    """Mask from the token ids alone: after `<|im_start|>` + role `assistant` + newline, every token up to and
+    including the next `<|im_end|>`."""
+    im_start = tok.convert_tokens_to_ids("<|im_start|>")
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    mask = np.zeros(len(ids), np.float32)
+    i = 0
+    while i < len(ids):
+        if ids[i] == im_start:
+            j, header = i + 1, ""
+            while "\n" not in header:
+                header += tok.decode([ids[j]])
+                j += 1
+            if header == "assistant\n":
+                k = j
+                while ids[k] != im_end:
+                    mask[k] = 1.0
+                    k += 1
+                mask[k] = 1.0
+                i = k
+        i += 1
+    return mask
+
+
+def test_loss_mask_exact(tok, rows):
+    rs = rows["reference"][:12] + rows["compact"][:12]
+    seq_len = 720
+    out = sft.tokenize_sft(tok, rs, seq_len)
+    assert out["tokens"].dtype == np.int32 and out["loss_mask"].dtype == np.float32
+    assert out["tokens"].shape == out["loss_mask"].shape == (len(rs), seq_len)
+    for i, r in enumerate(rs):
+        messages = r["prompt"] + r["completion"]
+        ids = tok.apply_chat_template(messages, tokenize=True, return_dict=False)
+        n = len(ids)
+        assert out["lengths"][i] == n <= seq_len
+        np.testing.assert_array_equal(out["tokens"][i, :n], ids)
+        assert (out["tokens"][i, n:] == tok.pad_token_id).all() and (out["loss_mask"][i, n:] == 0).all()
+        np.testing.assert_array_equal(out["loss_mask"][i, :n], independent_mask(tok, ids))
+        replies = [m["content"] for m in messages if m["role"] == "assistant"]
+        expected = sum(len(tok(c, add_special_tokens=False)["input_ids"]) + 1 for c in replies)
+        assert out["loss_mask"][i].sum() == expected
+        masked = out["tokens"][i][out["loss_mask"][i] == 1]
+        assert (masked == tok.convert_tokens_to_ids("<|im_end|>")).sum() == len(replies)
+
+
+def test_overflow_truncate_and_drop(tok, rows):
+    rs = rows["compact"][:8]
+    lengths = sft.tokenize_sft(tok, rs, 2048)["lengths"]
+    seq_len = int(np.median(lengths))
+    n_long = int((lengths > seq_len).sum())
+    assert n_long > 0
+    with pytest.warns(UserWarning, match=f"{n_long} of 8 conversations truncated"):
+        cut = sft.tokenize_sft(tok, rs, seq_len)
+    assert cut["tokens"].shape == (8, seq_len) and (cut["lengths"] <= seq_len).all()
+    full = sft.tokenize_sft(tok, rs, 2048)
+    np.testing.assert_array_equal(cut["loss_mask"], full["loss_mask"][:, :seq_len])
+    with pytest.warns(UserWarning, match=f"{n_long} of 8 conversations dropped"):
+        kept = sft.tokenize_sft(tok, rs, seq_len, overflow="drop")
+    assert kept["tokens"].shape[0] == 8 - n_long
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sft.tokenize_sft(tok, rs, 2048)  # nothing too long: no warning
+    with pytest.raises(ValueError, match="overflow"):
+        sft.tokenize_sft(tok, rs, 64, overflow="wrap")
+
+
+def test_sft_loss_uses_target_positions():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(2, 5, 7)).astype(np.float32)
+    tokens = rng.integers(0, 7, size=(2, 5)).astype(np.int32)
+    mask = np.zeros((2, 5), np.float32)
+    mask[0, 3] = 1.0  # predicted from logits[0, 2]
+    mask[1, 1] = 1.0  # predicted from logits[1, 0]
+    loss_fn = jax.jit(sft.sft_loss)
+    loss, aux = loss_fn(jnp.asarray(logits), jnp.asarray(tokens), jnp.asarray(mask))
+
+    def nll(row, t):
+        lg = logits[row, t - 1].astype(np.float64)
+        return -(lg[tokens[row, t]] - np.log(np.exp(lg).sum()))
+
+    assert float(loss) == pytest.approx((nll(0, 3) + nll(1, 1)) / 2, rel=1e-5)
+    hits = int(np.argmax(logits[0, 2]) == tokens[0, 3]) + int(np.argmax(logits[1, 0]) == tokens[1, 1])
+    assert float(aux["accuracy"]) == pytest.approx(hits / 2)
+    assert float(aux["tokens"]) == 2.0
+    zero, _ = loss_fn(jnp.asarray(logits), jnp.asarray(tokens), jnp.zeros((2, 5), jnp.float32))
+    assert float(zero) == 0.0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Config and training
+
+
+def test_sft_config_errors():
+    sft.SftConfig()  # the defaults are valid
+    for kwargs, match in [
+        ({"steps": 0}, "steps"), ({"batch_size": 1.5}, "batch_size"), ({"seq_len": 1}, "seq_len"),
+        ({"num_games": True}, "num_games"), ({"teacher_random_move_prob": -0.1}, "teacher_random_move_prob"),
+        ({"opponent_p_min": 0.8, "opponent_p_max": 0.2}, "opponent_p_min <= opponent_p_max"),
+        ({"opponent_p_max": 2.0}, "opponent_p_max"), ({"preset": "fancy"}, "preset"),
+        ({"overflow": "wrap"}, "overflow"), ({"optim": {"learning_rate": 1e-3}}, "optim"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            sft.SftConfig(**kwargs)
+
+
+def test_tiny_model_loss_falls(tok):
+    from models.lfm2 import PRESETS, Lfm2ForCausalLM
+
+    config = sft.SftConfig(steps=30, batch_size=8, seq_len=256, num_games=NUM_GAMES, preset="compact",
+                           teacher_random_move_prob=0.1,
+                           optim=OptimConfig(learning_rate=1e-2, warmup_steps=2, schedule="cosine"))
+    dataset = sft.make_sft_dataset(config, jax.random.PRNGKey(3))
+    assert 150 <= len(dataset) <= NUM_GAMES
+    tiny = PRESETS["tiny"]  # two of its layers (one conv, one attention) keep the compile short on 2 CPU cores
+    module = Lfm2ForCausalLM(dataclasses.replace(tiny, vocab_size=len(tok), num_hidden_layers=2,
+                                                 layer_types=tiny.layer_types[:2]))
+    params = jax.jit(module.init)(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"]
+    before = jax.tree.map(np.asarray, params)
+    seen = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # games longer than 256 tokens are truncated
+        trained, history = sft.train_sft(module, params, tok, dataset, config, jax.random.PRNGKey(4),
+                                         callback=lambda step, m: seen.append(step))
+    assert seen == list(range(30)) and len(history) == 30
+    assert set(history[0]) >= {"loss", "accuracy", "grad_norm", "tokens", "learning_rate", "epoch"}
+    losses = np.array([h["loss"] for h in history])
+    assert np.isfinite(losses).all()
+    assert losses[-5:].mean() < 0.75 * losses[:3].mean()
+    assert history[-1]["accuracy"] > history[0]["accuracy"]
+    # The caller's params survive (train_sft copies before donating) and the returned ones changed.
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), params, before)
+    changed = jax.tree.map(lambda a, b: not np.array_equal(np.asarray(a), b), trained, before)
+    assert any(jax.tree.leaves(changed))

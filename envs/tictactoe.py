@@ -179,15 +179,28 @@ _LINE_MASKS = tuple(sum(1 << int(c) for c in line) for line in LINES)
 _CELL_BITS = 1 << np.arange(NUM_CELLS, dtype=np.int32)
 
 
+def _compact(bits: jax.Array) -> jax.Array:
+    """int32[] with a bit at each even position 0, 2, .., 16 -> those 9 bits side by side."""
+    bits = (bits | (bits >> 1)) & 0x33333333
+    bits = (bits | (bits >> 2)) & 0x0F0F0F0F
+    bits = (bits | (bits >> 4)) & 0x00FF00FF
+    return (bits | (bits >> 8)) & 0x0000FFFF
+
+
+_EVEN = sum(1 << (2 * c) for c in range(NUM_CELLS))
+
+
 def _bitboards(board: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """int8[9] -> (X cells int32[], O cells int32[], every cell in 0..2 bool[]), from one reduction."""
-    wide = board.astype(jnp.int32)
-    packed = (
-        jnp.where(wide == X, _CELL_BITS, 0)
-        + jnp.where(wide == O, _CELL_BITS << NUM_CELLS, 0)
-        + jnp.where((wide < EMPTY) | (wide > O), 1 << 18, 0)  # counts the out-of-range cells
-    ).sum(-1)
-    return packed & _FULL, (packed >> NUM_CELLS) & _FULL, packed < (1 << 18)
+    """int8[9] -> (X cells int32[], O cells int32[], every cell in 0..2 bool[]), from one reduction.
+
+    Each cell becomes a 2-bit field (its value, 3 for anything outside 0..2: the unsigned minimum
+    with 3), packed by one sum; X cells are the fields 1, O cells the fields 2 (with every cell in
+    range; on another board the masks are not used).
+    """
+    fields = jnp.minimum(board.astype(jnp.uint8), jnp.uint8(3)).astype(jnp.int32)
+    packed = (fields << (2 * np.arange(NUM_CELLS, dtype=np.int32))).sum(-1)
+    low, high = packed & _EVEN, (packed >> 1) & _EVEN
+    return _compact(low & ~high), _compact(high & ~low), (low & high) == 0
 
 
 def _line_table() -> np.ndarray:
@@ -406,9 +419,12 @@ def _reply(xs: jax.Array, os: jax.Array, live: jax.Array, seed: jax.Array, rando
     words = _draw(seed, _move_data(xs, os))
     uniform = (words[0] >> jnp.uint32(8)).astype(jnp.float32) * (1.0 / (1 << 24))  # in [0, 1)
     p = jnp.clip(jnp.asarray(random_move_prob, jnp.float32), 0.0, 1.0)
-    optimal = _tables()[1][_index_of(xs, os), O - 1]
-    bits = jnp.where(uniform < p, free, optimal)
-    return _pick(jnp.where(live, bits, 0), words[1])
+    rnd = uniform < p
+    index = _index_of(xs, os)
+    rnd, index, w1, free, live = jax.lax.optimization_barrier((rnd, index, words[1], free, live))
+    optimal = _tables()[1][index, O - 1]
+    bits = jnp.where(rnd, free, optimal)
+    return _pick(jnp.where(live, bits, 0), w1)
 
 
 def opponent_move(board: jax.Array, seed: jax.Array, random_move_prob: jax.Array) -> jax.Array:
@@ -461,10 +477,19 @@ def reset(seed: jax.Array, random_move_prob: jax.Array, params: EnvParams) -> St
     seed = jnp.asarray(seed, jnp.uint32)
     p = jnp.clip(jnp.asarray(random_move_prob, jnp.float32), 0.0, 1.0)
     opponent_first = (_draw(seed, _SALT_FIRST_MOVER << 18)[0] >> jnp.uint32(31)) == 1
-    nobody = jnp.int32(0)
-    opening = _reply(nobody, nobody, opponent_first, seed, p)  # on the empty board
-    cells = jnp.arange(NUM_CELLS)
-    board = jnp.where(opponent_first & (cells == opening), jnp.int8(O), jnp.int8(EMPTY))
+    # The opening is `_reply` on the empty board: every cell is free, so the mixture's two sides are
+    # the constant masks below (equal when every opening is optimal) and only the pick draws.
+    words = _draw(seed, _move_data(jnp.int32(0), jnp.int32(0)))
+    optimal = int(np.asarray(_tables()[1])[0, O - 1])
+    if optimal == _FULL:
+        bits = jnp.int32(_FULL)
+    else:
+        uniform = (words[0] >> jnp.uint32(8)).astype(jnp.float32) * (1.0 / (1 << 24))
+        bits = jnp.where(uniform < p, _FULL, optimal)
+    # -1 unless the opponent starts; a gather, so what follows reads it without redoing the hashes.
+    opening = _pick(jnp.where(opponent_first, bits, 0), words[1])
+    cells = np.arange(NUM_CELLS, dtype=np.int32)
+    board = jnp.where(cells == opening, jnp.int8(O), jnp.int8(EMPTY))
     return State(
         board=board,
         to_play=jnp.int8(1),
@@ -473,11 +498,14 @@ def reset(seed: jax.Array, random_move_prob: jax.Array, params: EnvParams) -> St
         missing_moves=jnp.int32(0),
         done=jnp.bool_(False),
         outcome=jnp.int8(OUTCOME_ONGOING),
-        last_opponent_move=jnp.where(opponent_first, opening, -1).astype(jnp.int8),
-        status=jnp.where(opponent_first, STATUS_START_OPP_FIRST, STATUS_START_MODEL_FIRST).astype(jnp.int8),
+        last_opponent_move=opening.astype(jnp.int8),
+        status=jnp.where(opening >= 0, STATUS_START_OPP_FIRST, STATUS_START_MODEL_FIRST).astype(jnp.int8),
         seed=seed,
         random_move_prob=p,
     )
+
+
+_X_CELL = np.where(np.arange(32) >> 4 == 1, np.arange(32) & 15, NUM_CELLS).astype(np.int32)
 
 
 def _first_true(cases: list[tuple[jax.Array, int]], default: int) -> jax.Array:
@@ -520,16 +548,18 @@ def step(state: State, move: jax.Array, params: EnvParams) -> State:
     opp_turn = legal & ~x_won & ~x_filled
 
     # The opponent's reply (computed for every game, applied where the game goes on).
-    reply = _reply(xs, os, opp_turn, state.seed, state.random_move_prob)
+    live = ~state.done
+    reply = _reply(xs, os, opp_turn & live, state.seed, state.random_move_prob)  # -1 where O does not move
     os = jnp.where(opp_turn, os | jnp.left_shift(1, jnp.clip(reply, 0, NUM_CELLS - 1)), os)
     o_won = opp_turn & _has_line(os)
     o_filled = opp_turn & ~o_won & ((xs | os) == _FULL)
 
     # Two scatters (a cell index of 9 writes nothing); as separate ops they also keep XLA from
     # recomputing the move logic once per cell of the board.
-    live = ~state.done
-    targets = jnp.stack([jnp.where(legal & live, move, NUM_CELLS), jnp.where(opp_turn & live, reply, NUM_CELLS)])
-    board = state.board.at[targets].set(jnp.array([X, O], jnp.int8), mode="drop")
+    # X's cell (NUM_CELLS for none) read from a table, so the write below does not redo the checks.
+    x_cell = jnp.asarray(_X_CELL)[jnp.clip(move, 0, NUM_CELLS - 1) | ((legal & live).astype(jnp.int32) << 4)]
+    cells = np.arange(NUM_CELLS, dtype=np.int32)
+    board = jnp.where(cells == x_cell, jnp.int8(X), jnp.where(cells == reply, jnp.int8(O), state.board))
     status = _first_true(
         [(missing, STATUS_NO_MOVE), (invalid, STATUS_INVALID), (x_won, STATUS_WIN), (x_filled, STATUS_DRAW),
          (o_won, STATUS_LOSS), (o_filled, STATUS_OPP_DRAW)],

@@ -1,8 +1,9 @@
-"""The `jaxrl-llm` command line.
+"""The `jaxrl-llm` command line: experiment, sft, train, eval, play, export, plot (and demo).
 
-`jaxrl-llm demo` plays a batch of Tic-Tac-Toe games on the accelerator with the pure environment (a
-uniformly random model side against the controlled minimax opponent) and prints the outcome table:
-the default job until the training commands land.
+Each training command takes a TOML preset from `experiments/presets/` and `--set key=value` overrides,
+validated before anything compiles. `jaxrl-llm demo` plays a batch of Tic-Tac-Toe games on the
+accelerator with the pure environment (a uniformly random model side against the controlled minimax
+opponent) and prints the outcome table.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 
 def _positive_int(text: str) -> int:
@@ -53,6 +55,110 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load(args: argparse.Namespace):
+    from jaxrl_llm.config import load_config
+
+    return load_config(args.config, args.set or ())
+
+
+def cmd_sft(args) -> int:
+    from jaxrl_llm.train import run_sft
+
+    run_sft(_load(args))
+    return 0
+
+
+def cmd_train(args) -> int:
+    from jaxrl_llm.train import train_grpo
+
+    if args.distributed:
+        import jax
+
+        jax.distributed.initialize()  # multi-host: coordinator and process ids from the cluster's environment
+    result = train_grpo(_load(args), stop_after=args.stop_after)
+    print(f"GRPO done at step {result['step']}; metrics in {result['metrics_path']}")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from jaxrl_llm.metrics import format_results_table
+    from jaxrl_llm.train import build, evaluate, policy_params
+
+    config = _load(args)
+    comp = build(config)
+    params = policy_params(config, comp, args.checkpoint)
+    out = Path(args.games or Path(config.run.output_dir) / "eval_games.jsonl")
+    results = evaluate(comp, params, games_path=out)
+    rows = [{"model": f"vs {name}", **r} for name, r in results.items()]
+    print(format_results_table(rows))
+    print(f"games written to {out}")
+    print(json.dumps({"eval": results}))
+    return 0
+
+
+def cmd_experiment(args) -> int:
+    """SFT -> GRPO stages -> evaluation of the base, SFT and RL models; results table, curves, samples."""
+    import jax
+
+    from jaxrl_llm.metrics import format_results_table, plot_metrics
+    from jaxrl_llm.train import build, evaluate, fresh_params, run_sft, train_grpo
+
+    config = _load(args)
+    comp = build(config)
+    out = Path(config.run.output_dir)
+    times = {}
+    t = time.perf_counter()
+    sft_params = run_sft(config, comp)
+    times["sft_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    rl_params = train_grpo(config, comp)["params"] if config.grpo else sft_params
+    times["grpo_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    base = fresh_params(comp, jax.random.fold_in(jax.random.PRNGKey(config.run.seed), 10**9))
+    rows, results = [], {}
+    for name, params in (("base", base), ("after SFT", sft_params), ("after RL", rl_params)):
+        results[name] = evaluate(comp, params, games_path=out / f"eval_{name.replace(' ', '_')}.jsonl")
+        for opponent, r in results[name].items():
+            rows.append({"model": f"{name} vs {opponent}", **r})
+    times["eval_s"] = time.perf_counter() - t
+    table = format_results_table(rows)
+    (out / "results.md").write_text(table + "\n")
+    print(table)
+    curves = [p for p in (out / "sft_metrics.jsonl", out / "metrics.jsonl") if p.is_file()]
+    if curves:
+        print(f"curves: {plot_metrics(curves, out / 'curves.png')}")
+    print(json.dumps({"experiment": results, **times}))
+    return 0
+
+
+def cmd_play(args) -> int:
+    from jaxrl_llm.play import play_terminal
+
+    config = _load(args)
+    return play_terminal(config, checkpoint=args.checkpoint)
+
+
+def cmd_export(args) -> int:
+    from models.hf import save_hf
+    from jaxrl_llm.train import build, policy_params
+
+    config = _load(args)
+    comp = build(config)
+    params = policy_params(config, comp, args.checkpoint)
+    folder = save_hf(comp.lfm2, params, args.out)
+    comp.tokenizer.save_pretrained(folder)
+    print(f"exported a transformers LFM2 checkpoint with its tokenizer to {folder}")
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from jaxrl_llm.metrics import plot_metrics
+
+    path = plot_metrics(args.metrics, args.out)
+    print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxrl-llm", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -61,13 +167,45 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--p", type=_probability, nargs="+", default=[1.0, 0.5, 0.0], help="opponent random-move probabilities")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=cmd_demo)
+
+    def with_config(name: str, help: str, func):
+        p = sub.add_parser(name, help=help)
+        p.add_argument("config", help="an experiment preset (TOML), e.g. experiments/presets/cpu.toml")
+        p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="override a config value, e.g. --set grpo.0.learning_rate=3e-5 (repeatable)")
+        p.set_defaults(func=func)
+        return p
+
+    with_config("experiment", "the whole arc: SFT, GRPO stages, evaluation of base / SFT / RL models", cmd_experiment)
+    with_config("sft", "SFT warm-up on expert games; saves <output_dir>/sft", cmd_sft)
+    train = with_config("train", "GRPO stages (resumes from the last checkpoint)", cmd_train)
+    train.add_argument("--stop-after", type=_positive_int, default=None, help="stop after this many global steps")
+    train.add_argument("--distributed", action="store_true", help="call jax.distributed.initialize() first (multi-host)")
+    ev = with_config("eval", "W/D/L, format and invalid rates against the random and optimal opponents", cmd_eval)
+    ev.add_argument("--checkpoint", default=None, help="checkpoint folder (default: the run's latest)")
+    ev.add_argument("--games", default=None, help="JSONL file for the games (default <output_dir>/eval_games.jsonl)")
+    play = with_config("play", "play the model in the terminal", cmd_play)
+    play.add_argument("--checkpoint", default=None)
+    export = with_config("export", "write the policy as a transformers LFM2 checkpoint", cmd_export)
+    export.add_argument("--checkpoint", default=None)
+    export.add_argument("--out", required=True, help="output folder")
+    plot = sub.add_parser("plot", help="draw training curves from metrics JSONL files to a PNG")
+    plot.add_argument("metrics", nargs="+", help="metrics.jsonl files or run folders")
+    plot.add_argument("--out", default="curves.png")
+    plot.set_defaults(func=cmd_plot)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `jaxrl-llm` script."""
+    """Entry point of the `jaxrl-llm` script; config errors print one clear line and exit 2."""
+    from jaxrl_llm.config import ConfigError
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (ConfigError, FileNotFoundError) as error:
+        print(f"jaxrl-llm {args.command}: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -495,7 +495,9 @@ class SftSection(_OptimFields):
 
     num_games: teacher games generated for the data set; teacher_random_move_prob: how often the teacher
     plays a random legal move instead of a minimax-optimal one (its replies stay well formatted);
-    seq_len: tokens per training row (a game is cut or padded to it)."""
+    seq_len: tokens per training row (a game is cut or padded to it); dataset: train on this prompt /
+    completion data set instead (a `save_to_disk` folder, a .jsonl / .parquet file, or a local copy of
+    `anakin87/tictactoe-filtered`), None generates the expert games."""
 
     steps: int = 100
     batch_size: int = 32
@@ -503,6 +505,7 @@ class SftSection(_OptimFields):
     teacher_random_move_prob: float = 0.0
     seq_len: int = 768
     opponent_random_move_prob: float = 0.5
+    dataset: str | None = None
 
     def _validate(self) -> None:
         _non_negative(self, "steps")
@@ -828,6 +831,9 @@ def _check_paths(config: ExperimentConfig) -> None:
                           ("model", "init_from"))
     if config.tokenizer.path is not None and not os.path.exists(config.tokenizer.path):
         raise ConfigError(f"{config.tokenizer.path!r} does not exist", ("tokenizer", "path"))
+    if config.sft.dataset is not None and not os.path.exists(config.sft.dataset):
+        raise ConfigError(f"{config.sft.dataset!r} does not exist (a save_to_disk folder or a .jsonl/.parquet file)",
+                          ("sft", "dataset"))
 
 
 def loads_config(text: str, overrides: Sequence[str] = (), check_paths: bool = False) -> ExperimentConfig:

@@ -248,13 +248,8 @@ def _sample_impl(
 
 
 def _cache_capacity(cache) -> int:
-    """Static number of positions the cache holds (the K/V buffers' time axis)."""
-    if hasattr(cache, "max_len"):
-        return int(cache.max_len)
-    keys = getattr(cache, "keys", None)
-    if keys:
-        return int(keys[0].shape[1])
-    return 2**30  # no attention layer: the conv state has no length limit
+    """Static number of positions the cache holds (`cache.max_len`; unlimited without attention layers)."""
+    return int(cache.max_len) or 2**30
 
 
 def make_sampler(model_fn: ModelFn, config: SamplingConfig, donate_cache: bool = True) -> Callable[..., SampleOutput]:

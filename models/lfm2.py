@@ -345,8 +345,9 @@ class Lfm2Cache(NamedTuple):
     """Decode state for a batch of B rows (a pytree; donate it to jit).
 
     lengths: int32[B]                      tokens already in the cache per row
-    keys / values: tuple over attention layers (in layer order) of [B, max_len, kv_heads, head_dim]
-                   (keys after q/k-norm and RoPE)
+    keys: tuple over attention layers (in layer order) of [B, kv_heads, head_dim, max_len] (after k-norm
+          and RoPE; time is the minor axis so the decode's q.k contraction vectorizes on CPU)
+    values: tuple over attention layers of [B, kv_heads, max_len, head_dim]
     conv: tuple over conv layers (in layer order) of [B, conv_L_cache - 1, hidden]: the last K-1 inputs of the
           depthwise conv (B * x after in_proj), oldest first
     """
@@ -359,19 +360,21 @@ class Lfm2Cache(NamedTuple):
     @property
     def max_len(self) -> int:
         """Positions available per row (0 when the model has no attention layer)."""
-        return self.keys[0].shape[1] if self.keys else 0
+        return self.values[0].shape[2] if self.values else 0
 
 
 def init_cache(config: Lfm2Config, batch: int, max_len: int, dtype=None) -> Lfm2Cache:
-    """An empty cache: lengths 0, zero K/V [batch, max_len, kv_heads, head_dim], zero conv states
-    [batch, conv_L_cache-1, hidden]; dtype defaults to `config.dtype`."""
+    """An empty cache: lengths 0, zero keys [batch, kv_heads, head_dim, max_len] and values
+    [batch, kv_heads, max_len, head_dim], zero conv states [batch, conv_L_cache-1, hidden]; dtype defaults
+    to `config.dtype`."""
     dtype = config.jnp_dtype if dtype is None else dtype
-    kv_shape = (batch, max_len, config.num_key_value_heads, config.head_dim)
+    k_shape = (batch, config.num_key_value_heads, config.head_dim, max_len)
+    v_shape = (batch, config.num_key_value_heads, max_len, config.head_dim)
     n_attn = len(config.attention_layers)
     return Lfm2Cache(
         lengths=jnp.zeros((batch,), jnp.int32),
-        keys=tuple(jnp.zeros(kv_shape, dtype) for _ in range(n_attn)),
-        values=tuple(jnp.zeros(kv_shape, dtype) for _ in range(n_attn)),
+        keys=tuple(jnp.zeros(k_shape, dtype) for _ in range(n_attn)),
+        values=tuple(jnp.zeros(v_shape, dtype) for _ in range(n_attn)),
         conv=tuple(jnp.zeros((batch, config.conv_L_cache - 1, config.hidden_size), dtype)
                    for _ in config.conv_layers),
     )
@@ -502,25 +505,32 @@ class Attention(nn.Module):
         k = RMSNorm(cfg, "head_dim", name="k_layernorm")(k)
         q = _rope(q, positions, cfg.rope_theta)
         k = _rope(k, positions, cfg.rope_theta)
+        G = H // KV  # head h = kv * G + g, as transformers' repeat_kv
+        # Queries as [B, KV, G*T, hd]: one (G*T, hd) block per row and kv head, so the contractions are
+        # plain batched matmuls (a [B, T, KV, G, hd] operand made XLA:CPU transpose inside the dot).
+        qq = q.reshape(B, T, KV, G, hd).transpose(0, 2, 3, 1, 4).reshape(B, KV, G * T, hd)
         if kv is None:
-            keys, values, key_pos, new_kv = k, v, positions, None
+            mask = positions[:, None, :] <= positions[:, :, None]  # [B, T, T]
+            scores = jnp.einsum("bkqd,bskd->bkqs", qq, k, preferred_element_type=jnp.float32)
+            values, value_spec, new_kv = v, "bskd", None
         else:
+            # Cache layouts (see Lfm2Cache): keys [B, KV, hd, S], values [B, KV, S, hd]. With these, both
+            # attention contractions reduce over a non-minor axis, which XLA:CPU vectorizes well; the
+            # [B, S, KV, hd] layout was 8-15x slower per decode step.
             k_cache, v_cache = kv
-            S = k_cache.shape[1]
+            S = k_cache.shape[-1]
             write = jnp.where(jnp.arange(T)[None, :] < num_valid[:, None], positions, S)  # S: out of range, dropped
             rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
-            k_cache = k_cache.at[rows, write].set(k.astype(k_cache.dtype), mode="drop")
-            v_cache = v_cache.at[rows, write].set(v.astype(v_cache.dtype), mode="drop")
-            keys, values = k_cache.astype(q.dtype), v_cache.astype(q.dtype)
-            key_pos = jnp.broadcast_to(jnp.arange(S)[None, :], (B, S))
-            new_kv = (k_cache, v_cache)
-        mask = key_pos[:, None, :] <= positions[:, :, None]  # [B, T, S]
-        qg = q.reshape(B, T, KV, H // KV, hd)  # head h = kv * G + g, as transformers' repeat_kv
-        scores = jnp.einsum("btkgd,bskd->bkgts", qg, keys, preferred_element_type=jnp.float32)
-        scores = scores * (hd ** -0.5)
+            k_cache = k_cache.at[rows, :, :, write].set(k.astype(k_cache.dtype), mode="drop")
+            v_cache = v_cache.at[rows, :, write, :].set(v.astype(v_cache.dtype), mode="drop")
+            mask = jnp.arange(S)[None, None, :] <= positions[:, :, None]  # [B, T, S]
+            scores = jnp.einsum("bkqd,bkds->bkqs", qq, k_cache.astype(q.dtype), preferred_element_type=jnp.float32)
+            values, value_spec, new_kv = v_cache.astype(q.dtype), "bksd", (k_cache, v_cache)
+        scores = scores.reshape(B, KV, G, T, -1) * (hd ** -0.5)
         scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, values).reshape(B, T, H * hd)
+        probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype).reshape(B, KV, G * T, -1)
+        out = jnp.einsum(f"bkqs,{value_spec}->bkqd", probs, values)
+        out = out.reshape(B, KV, G, T, hd).transpose(0, 3, 1, 2, 4).reshape(B, T, H * hd)
         return _dense(cfg, cfg.hidden_size, ("heads", "embed"), "out_proj")(out), new_kv
 
 

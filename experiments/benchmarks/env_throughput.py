@@ -184,7 +184,7 @@ def time_python(games: int, p: float, repeats: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, nargs="+", default=[1024, 4096, 16384])
-    parser.add_argument("--repeats", type=int, default=25)
+    parser.add_argument("--repeats", type=int, default=200, help="timed repeats per peer and batch (best reported)")
     parser.add_argument("--p", type=float, default=0.5, help="opponent random_move_prob")
     parser.add_argument("--python-games", type=int, default=2000)
     parser.add_argument("--quick", action="store_true", help="a fast smoke run")

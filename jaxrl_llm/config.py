@@ -607,7 +607,7 @@ class GrpoStage(_OptimFields):
 class EvalSection(_Section):
     """Evaluation: `num_games` games against each of `opponents` ("random" p = 1, "optimal" p = 0), at most
     `max_turns` replies; greedy decoding or sampling at `temperature`. every_steps: also evaluate during
-    training every N steps (0 = only after each stage)."""
+    training every N GRPO steps, into <run.output_dir>/eval_metrics.jsonl (0 = never during training)."""
 
     num_games: int = 100
     max_turns: int = 8

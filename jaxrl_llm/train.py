@@ -303,7 +303,12 @@ def train_grpo(config: ExperimentConfig, comp: Components | None = None, stop_af
                 progress.update(**{k: record[k] for k in keys})
                 if config.run.sample_every and step % config.run.sample_every == 0:
                     write_samples(out / "samples" / f"step_{step:06d}", comp.tokenizer, traj, min(4, s.batch_size))
-                if step % config.checkpoint.every_steps == 0 or step == stage_end or step == stop:
+                if config.eval.every_steps and step % config.eval.every_steps == 0:
+                    results = evaluate(comp, params)
+                    with MetricsWriter(out / "eval_metrics.jsonl", resume_step=step - 1) as evals:
+                        evals.write(step, {f"{opp}_{k}": v for opp, r in results.items() for k, v in r.items()})
+                every = config.checkpoint.every_steps
+                if (every and step % every == 0) or step == stage_end or step == stop:
                     # The RNG state: step s draws everything from fold_in(base_key, s), so (base key, step)
                     # is the whole of it; the data position is the number of games played so far.
                     ckpt.save(step, {"params": params, "opt_state": opt_state, "step": jnp.int32(step),

@@ -35,7 +35,7 @@ def _overrides(out: Path, *more: str) -> list[str]:
 def test_sft_then_grpo_stages_then_eval(tmp_path):
     from jaxrl_llm import train
 
-    config = load_config(PRESET, _overrides(tmp_path, "run.sample_every=2"))
+    config = load_config(PRESET, _overrides(tmp_path, "run.sample_every=2", "eval.every_steps=3"))
     comp = train.build(config)
     train.run_sft(config, comp, log=lambda *a: None)
     assert (tmp_path / "sft").is_dir() and len(read_metrics(tmp_path / "sft_metrics.jsonl")) == config.sft.steps
@@ -50,6 +50,9 @@ def test_sft_then_grpo_stages_then_eval(tmp_path):
                 "truncation_rate", "entropy"):
         assert key in rows[0] and np.isfinite(rows[0][key]), key
     assert (tmp_path / "samples" / "step_000002.jsonl").is_file()
+    assert "<|im_start|>assistant" in (tmp_path / "samples" / "step_000002.txt").read_text()
+    evals = read_metrics(tmp_path / "eval_metrics.jsonl")
+    assert [r["step"] for r in evals] == [3] and "optimal_draw" in evals[0]
     results = train.evaluate(comp, result["params"], games_path=tmp_path / "eval.jsonl")
     assert set(results) == {"random", "optimal"}
     for r in results.values():

@@ -82,7 +82,7 @@ def cmd_train(args) -> int:
 
 def cmd_eval(args) -> int:
     from jaxrl_llm.metrics import format_results_table
-    from jaxrl_llm.train import build, evaluate, policy_params
+    from jaxrl_llm.train import build, evaluate, policy_params, tree_check
 
     config = _load(args)
     comp = build(config)
@@ -92,18 +92,30 @@ def cmd_eval(args) -> int:
     rows = [{"model": f"vs {name}", **r} for name, r in results.items()]
     print(format_results_table(rows))
     print(f"games written to {out}")
-    print(json.dumps({"eval": results}))
+    summary = {"eval": results}
+    if config.sft.teacher == "best":
+        check = tree_check(comp, params)
+        print(f"teacher-forced check on the best teacher's {len(check['exact_rows'])} tree games: "
+              f"{100 * check['exact']:.2f} % exact (100 %: greedy play is the teacher's against any opponent)")
+        summary["tree_exact"] = check["exact"]
+    print(json.dumps(summary))
     return 0
+
+
+SFT_CURVES = ("loss", "accuracy", "check_exact", "learning_rate")
+GRPO_CURVES = ("reward_mean", "reward_std", "win_rate", "draw_rate", "loss_rate", "invalid_rate", "format_rate",
+               "p_mean", "frac_zero_std_groups", "entropy", "grad_norm", "step_time")
 
 
 def cmd_experiment(args) -> int:
     """SFT -> GRPO stages -> evaluation of the base, SFT and RL models; results table, curves, samples."""
     import jax
 
-    from jaxrl_llm.metrics import format_results_table, plot_metrics
-    from jaxrl_llm.train import build, evaluate, fresh_params, run_sft, train_grpo
+    from jaxrl_llm.metrics import format_results_table, plot_metrics, read_metrics
+    from jaxrl_llm.train import build, evaluate, fresh_params, run_sft, time_stage_rollout, train_grpo, tree_check
 
     config = _load(args)
+    start = time.perf_counter()
     comp = build(config)
     out = Path(config.run.output_dir)
     times = {}
@@ -113,21 +125,49 @@ def cmd_experiment(args) -> int:
     t = time.perf_counter()
     rl_params = train_grpo(config, comp)["params"] if config.grpo else sft_params
     times["grpo_s"] = time.perf_counter() - t
+    if config.grpo:
+        # Split the GRPO wall time into rollouts and updates: time each stage's rollout alone once.
+        metrics = read_metrics(out / "metrics.jsonl")
+        rollout_s = 0.0
+        for i, stage in enumerate(config.grpo):
+            if stage.steps:
+                one = time_stage_rollout(comp, i, rl_params, jax.random.PRNGKey(config.run.seed + 13 + i))
+                step_times = sorted(r["step_time"] for r in metrics if r.get("stage") == i)
+                rollout_s += stage.steps * min(one, step_times[len(step_times) // 2] if step_times else one)
+        times["grpo_rollout_s"] = rollout_s
+        times["grpo_update_s"] = max(times["grpo_s"] - rollout_s, 0.0)
     t = time.perf_counter()
     base = fresh_params(comp, jax.random.fold_in(jax.random.PRNGKey(config.run.seed), 10**9))
     rows, results = [], {}
     for name, params in (("base", base), ("after SFT", sft_params), ("after RL", rl_params)):
+        e = time.perf_counter()
         results[name] = evaluate(comp, params, games_path=out / f"eval_{name.replace(' ', '_')}.jsonl")
         for opponent, r in results[name].items():
             rows.append({"model": f"{name} vs {opponent}", **r})
+            print(f"eval {name} vs {opponent}: W/D/L {100 * r['win']:.1f}/{100 * r['draw']:.1f}/{100 * r['loss']:.1f}, "
+                  f"format {100 * r['format']:.1f} %, invalid {100 * r['invalid']:.1f} % ({r['games']} games)", flush=True)
+        print(f"eval {name}: {time.perf_counter() - e:.0f} s", flush=True)
     times["eval_s"] = time.perf_counter() - t
+    checks = {}
+    if config.sft.teacher == "best":
+        for name, params in (("after SFT", sft_params), ("after RL", rl_params)):
+            checks[name] = tree_check(comp, params)["exact"]
+            print(f"{name}: {100 * checks[name]:.2f} % of the best teacher's tree games reproduced exactly "
+                  "(teacher-forced, greedy)", flush=True)
+    times["total_s"] = time.perf_counter() - start
     table = format_results_table(rows)
     (out / "results.md").write_text(table + "\n")
     print(table)
-    curves = [p for p in (out / "sft_metrics.jsonl", out / "metrics.jsonl") if p.is_file()]
-    if curves:
-        print(f"curves: {plot_metrics(curves, out / 'curves.png')}")
-    print(json.dumps({"experiment": results, **times}))
+    for name, keys in (("sft", SFT_CURVES), ("grpo", GRPO_CURVES)):
+        path = out / ("sft_metrics.jsonl" if name == "sft" else "metrics.jsonl")
+        if path.is_file():
+            present = set().union(*(r.keys() for r in read_metrics(path)))
+            chosen = [k for k in keys if k in present]
+            print(f"curves: {plot_metrics(path, out / f'{name}_curves.png', keys=chosen, title=f'{name} ({out})')}")
+    split = ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in times.items())
+    print(f"wall time: {split}")
+    (out / "timings.json").write_text(json.dumps(times, indent=1) + "\n")
+    print(json.dumps({"experiment": results, "tree_exact": checks, **times}))
     return 0
 
 
@@ -182,10 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--stop-after", type=_positive_int, default=None, help="stop after this many global steps")
     train.add_argument("--distributed", action="store_true", help="call jax.distributed.initialize() first (multi-host)")
     ev = with_config("eval", "W/D/L, format and invalid rates against the random and optimal opponents", cmd_eval)
-    ev.add_argument("--checkpoint", default=None, help="checkpoint folder (default: the run's latest)")
+    ev.add_argument("--checkpoint", default=None, help="an Orbax checkpoint folder or a Hugging Face folder (default: the run's latest)")
     ev.add_argument("--games", default=None, help="JSONL file for the games (default <output_dir>/eval_games.jsonl)")
     play = with_config("play", "play the model in the terminal", cmd_play)
-    play.add_argument("--checkpoint", default=None)
+    play.add_argument("--checkpoint", default=None, help="an Orbax checkpoint folder or a Hugging Face folder")
     export = with_config("export", "write the policy as a transformers LFM2 checkpoint", cmd_export)
     export.add_argument("--checkpoint", default=None)
     export.add_argument("--out", required=True, help="output folder")

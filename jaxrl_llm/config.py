@@ -4,7 +4,7 @@ An experiment is one `ExperimentConfig`, composed of sections named as the TOML 
 
     [model]       architecture: a preset of `models.lfm2.PRESETS` or an HF folder (`init_from`), overrides
     [tokenizer]   path (absent = the project's own tokenizer)
-    [prompt]      preset: "reference" or "compact" (`jaxrl_llm.text.PRESETS`)
+    [prompt]      preset: "reference", "compact" or "tiny" (`jaxrl_llm.text.PRESETS`)
     [env]         `envs.tictactoe.EnvParams` fields (reward values and weights, base max_turns)
     [sampling]    temperature, top_k, top_p, max_new_tokens (the base; GRPO stages set their own)
     [rollout]     context_length
@@ -86,7 +86,7 @@ SCALE_REWARDS = ("group", "none")
 OPPONENTS: dict[str, float] = {"random": 1.0, "optimal": 0.0}
 SCHEDULES = ("cosine", "linear", "constant")
 DTYPES = ("float32", "bfloat16", "float16")
-PROMPT_PRESETS = ("reference", "compact")  # jaxrl_llm.text.PRESETS (checked against it when importable)
+PROMPT_PRESETS = ("reference", "compact", "tiny")  # jaxrl_llm.text.PRESETS (checked against it when importable)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -333,6 +333,15 @@ def _choice(section: Any, name: str, choices: Sequence[str]) -> None:
 # ----------------------------------------------------------------------------------------------------------
 
 
+def _as_tuple(value: Any) -> tuple:
+    return tuple(value) if isinstance(value, (list, tuple)) else (value,)
+
+
+# Architecture fields that change parameter shapes (with model.init_from they must equal the checkpoint's).
+_SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "layer_types")
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSection(_Section):
     """The model: `preset` (a name of `models.lfm2.PRESETS`) or, when set, `init_from` (a Hugging Face
@@ -364,7 +373,16 @@ class ModelSection(_Section):
         from models import lfm2
 
         if self.init_from is not None:
-            return lfm2.Lfm2Config.from_pretrained(self.init_from, **self.overrides())
+            saved = lfm2.Lfm2Config.from_pretrained(self.init_from)
+            clash = [name for name in _SHAPE_FIELDS if getattr(self, name) is not None
+                     and tuple(_as_tuple(getattr(self, name))) != tuple(_as_tuple(getattr(saved, name)))]
+            if clash:
+                detail = ", ".join(f"model.{n} = {getattr(self, n)!r} (the checkpoint has {getattr(saved, n)!r})"
+                                   for n in clash)
+                raise ConfigError(
+                    f"model.init_from = {self.init_from!r} fixes the architecture (its config.json) and {detail} "
+                    f"would not fit its weights; remove the override or make it match", ("model", clash[0]))
+            return dataclasses.replace(saved, **self.overrides())
         return dataclasses.replace(lfm2.PRESETS[self.preset], **self.overrides())
 
     def _validate(self) -> None:
@@ -399,7 +417,8 @@ class TokenizerSection(_Section):
 
 @dataclasses.dataclass(frozen=True)
 class PromptSection(_Section):
-    """`preset`: the prompt style, "reference" (the spec's text) or "compact" (for tiny models)."""
+    """`preset`: the prompt style, "reference" (the spec's text), "compact" (a short system prompt) or "tiny"
+    (short messages too, for models trained from scratch)."""
 
     preset: str = "reference"
 
@@ -495,7 +514,15 @@ class SftSection(_OptimFields):
 
     num_games: teacher games generated for the data set; teacher_random_move_prob: how often the teacher
     plays a random legal move instead of a minimax-optimal one (its replies stay well formatted);
-    seq_len: tokens per training row (a game is cut or padded to it); dataset: train on this prompt /
+    teacher: "uniform" (a uniform draw among the optimal moves) or "best" (the optimal move that wins most
+    often against the random opponent, deterministic); reasoning: "templates" (a short templated thought in
+    <think>) or "none" (an empty <think></think>); the teacher's opponent plays at p =
+    opponent_random_move_prob, or at p uniform in [opponent_random_move_prob, opponent_p_max] when that is
+    set; tree_copies: copies of every game the "best" teacher can meet (its whole game tree, 738 games, see
+    `sft_data.exhaustive_expert_games`) added to the num_games sampled ones; check_every: every that many steps
+    (0: never) check teacher-forced, greedy, whether the model reproduces every game of that tree exactly
+    (teacher "best" only; logged as check_exact); stop_when_exact: end SFT at the first exact check (`steps`
+    is then the most it runs); seq_len: tokens per training row (a game is cut or padded to it); dataset: train on this prompt /
     completion data set instead (a `save_to_disk` folder, a .jsonl / .parquet file, or a local copy of
     `anakin87/tictactoe-filtered`), None generates the expert games."""
 
@@ -503,9 +530,20 @@ class SftSection(_OptimFields):
     batch_size: int = 32
     num_games: int = 1000
     teacher_random_move_prob: float = 0.0
+    teacher: str = "uniform"
+    reasoning: str = "templates"
     seq_len: int = 768
     opponent_random_move_prob: float = 0.5
+    opponent_p_max: float | None = None
+    tree_copies: int = 0
+    check_every: int = 0
+    stop_when_exact: bool = False
     dataset: str | None = None
+
+    def opponent_p_range(self) -> tuple[float, float]:
+        """(p_min, p_max) of the teacher's opponent."""
+        p_max = self.opponent_random_move_prob if self.opponent_p_max is None else self.opponent_p_max
+        return self.opponent_random_move_prob, p_max
 
     def _validate(self) -> None:
         _non_negative(self, "steps")
@@ -513,6 +551,21 @@ class SftSection(_OptimFields):
         if self.seq_len < 16:
             _fail("seq_len", f"must be >= 16 (got {self.seq_len})")
         _probability(self, "teacher_random_move_prob", "opponent_random_move_prob")
+        _choice(self, "teacher", ("uniform", "best"))
+        _choice(self, "reasoning", ("templates", "none"))
+        _non_negative(self, "tree_copies", "check_every")
+        if (self.check_every or self.stop_when_exact) and self.teacher != "best":
+            _fail("check_every", "the game-tree check needs teacher = \"best\"")
+        if self.stop_when_exact and not self.check_every:
+            _fail("stop_when_exact", "needs check_every > 0")
+        if self.tree_copies and (self.teacher != "best" or self.teacher_random_move_prob > 0):
+            _fail("tree_copies", "needs the deterministic teacher: teacher = \"best\" and "
+                                 "teacher_random_move_prob = 0")
+        if self.opponent_p_max is not None:
+            _probability(self, "opponent_p_max")
+            if self.opponent_p_max < self.opponent_random_move_prob:
+                _fail("opponent_p_max", f"must be >= opponent_random_move_prob ({self.opponent_random_move_prob}), "
+                      f"got {self.opponent_p_max}")
         super()._validate()
 
 
@@ -829,6 +882,8 @@ def _check_paths(config: ExperimentConfig) -> None:
     if folder is not None and not os.path.isfile(os.path.join(folder, "config.json")):
         raise ConfigError(f"{folder!r} is not a folder with a config.json (a Hugging Face LFM2 checkpoint)",
                           ("model", "init_from"))
+    if folder is not None:
+        config.model.lfm2_config()  # the overrides must fit the checkpoint's architecture
     if config.tokenizer.path is not None and not os.path.exists(config.tokenizer.path):
         raise ConfigError(f"{config.tokenizer.path!r} does not exist", ("tokenizer", "path"))
     if config.sft.dataset is not None and not os.path.exists(config.sft.dataset):

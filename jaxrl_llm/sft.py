@@ -44,7 +44,9 @@ class SftConfig:
 
     steps / batch_size / seq_len: the training loop and the token buffer of a game (longer games are truncated,
     or dropped with overflow="drop", with a counted warning). num_games, teacher_random_move_prob, opponent
-    p range [opponent_p_min, opponent_p_max], preset, max_turns: the expert games of `make_sft_dataset`.
+    p range [opponent_p_min, opponent_p_max], preset, max_turns, teacher ("uniform" / "best"), reasoning
+    ("templates" / "none"), tree_copies (copies of the best teacher's whole game tree added): the expert games
+    of `make_sft_dataset` (see `jaxrl_llm.sft_data`).
     optim: the optimizer; its total_steps is replaced by `steps` when training (the schedule spans the run).
     """
 
@@ -57,6 +59,9 @@ class SftConfig:
     opponent_p_max: float = 1.0
     preset: str = "reference"
     max_turns: int = 8
+    teacher: str = "uniform"
+    reasoning: str = "templates"
+    tree_copies: int = 0
     overflow: str = "truncate"
     optim: OptimConfig = dataclasses.field(default_factory=_default_optim)
 
@@ -74,6 +79,10 @@ class SftConfig:
                              f"{self.opponent_p_min} > {self.opponent_p_max}")
         if self.preset not in PRESETS:
             raise ValueError(f"SftConfig.preset must be one of {sorted(PRESETS)}, got {self.preset!r}")
+        if self.teacher not in sft_data.TEACHERS:
+            raise ValueError(f"SftConfig.teacher must be one of {sft_data.TEACHERS}, got {self.teacher!r}")
+        if self.reasoning not in sft_data.REASONING_STYLES:
+            raise ValueError(f"SftConfig.reasoning must be one of {sft_data.REASONING_STYLES}, got {self.reasoning!r}")
         if self.overflow not in ("truncate", "drop"):
             raise ValueError(f"SftConfig.overflow must be 'truncate' or 'drop', got {self.overflow!r}")
         if not isinstance(self.optim, OptimConfig):
@@ -85,7 +94,8 @@ def make_sft_dataset(config: SftConfig, key: jax.Array):
     return sft_data.make_expert_dataset(
         key, config.num_games, teacher_random_move_prob=config.teacher_random_move_prob,
         opponent_p_range=(config.opponent_p_min, config.opponent_p_max), preset=config.preset,
-        max_turns=config.max_turns)
+        max_turns=config.max_turns, teacher=config.teacher, reasoning=config.reasoning,
+        tree_copies=config.tree_copies)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -229,6 +239,38 @@ def make_sft_step(module, optimizer: optax.GradientTransformation) -> Callable:
     return jax.jit(step, donate_argnums=(0, 1))
 
 
+def teacher_forced_check(module, params, data: dict[str, np.ndarray], batch_size: int = 64) -> dict[str, Any]:
+    """How exactly a model reproduces a set of conversations, teacher-forced, greedy.
+
+    data: `tokenize_sft`'s arrays (N rows). Returns {"token_accuracy": float over the masked tokens,
+    "exact": fraction of rows whose every masked token is the argmax, "exact_rows": bool[N],
+    "wrong_rows": [indices]}. On the teacher's
+    whole game tree (`sft_data.exhaustive_expert_games`) exact = 1.0 means that greedy decoding plays exactly
+    like the teacher against every opponent (no invalid move, never losing)."""
+
+    @jax.jit
+    def check(params, tokens, loss_mask):
+        logits, _ = module.apply({"params": params}, tokens)
+        mask = loss_mask[:, 1:] > 0
+        hit = jnp.argmax(logits[:, :-1], -1) == tokens[:, 1:]
+        return (hit & mask).sum(), mask.sum(), (hit | ~mask).all(-1)
+
+    tokens, loss_mask = data["tokens"], data["loss_mask"]
+    n = tokens.shape[0]
+    hits = total = 0
+    exact = np.zeros(n, bool)
+    for start in range(0, n, batch_size):
+        stop = min(start + batch_size, n)
+        pad = batch_size - (stop - start)  # one compiled shape: pad the last batch with masked-out rows
+        t = np.concatenate([tokens[start:stop], np.zeros((pad, tokens.shape[1]), tokens.dtype)])
+        m = np.concatenate([loss_mask[start:stop], np.zeros((pad, tokens.shape[1]), loss_mask.dtype)])
+        h, c, e = jax.device_get(check(params, jnp.asarray(t), jnp.asarray(m)))
+        hits, total = hits + int(h), total + int(c)
+        exact[start:stop] = e[: stop - start]
+    return {"token_accuracy": hits / max(total, 1), "exact": float(exact.mean()) if n else 0.0,
+            "exact_rows": exact, "wrong_rows": [int(i) for i in np.flatnonzero(~exact)]}
+
+
 def _batch_indices(key: jax.Array, num_rows: int, batch_size: int, steps: int) -> np.ndarray:
     """int[steps, batch_size]: consecutive slices of a stream of per-epoch permutations (epoch e: fold_in(key, e))."""
     needed = steps * batch_size
@@ -239,13 +281,17 @@ def _batch_indices(key: jax.Array, num_rows: int, batch_size: int, steps: int) -
 
 
 def train_sft(module, params, tokenizer, dataset, config: SftConfig, key: jax.Array,
-              callback: Callable[[int, dict], None] | None = None) -> tuple[Any, list[dict]]:
+              callback: Callable[[int, dict], None] | None = None, check_rows=None, check_every: int = 0,
+              stop_when_exact: bool = False) -> tuple[Any, list[dict]]:
     """SFT for `config.steps` steps -> (params, history: one dict of floats per step).
 
     dataset: rows with prompt/completion (a `datasets.Dataset` or a list), tokenized with `tokenize_sft`
     at config.seq_len; batches of config.batch_size are drawn from shuffled epochs (key). The caller's params
     are copied first (the step donates its inputs). callback(step, metrics) runs after every step; metrics hold
-    loss, accuracy, grad_norm, tokens, learning_rate, epoch."""
+    loss, accuracy, grad_norm, tokens, learning_rate, epoch. With check_rows and check_every > 0, every
+    check_every steps (and after the last) `teacher_forced_check` runs on those rows and adds check_exact and
+    check_token_accuracy to that step's metrics; stop_when_exact ends training at the first check with every
+    row exact."""
     if not isinstance(config, SftConfig):
         raise ValueError(f"config must be an SftConfig, got {type(config).__name__}")
     data = tokenize_sft(tokenizer, dataset, config.seq_len, overflow=config.overflow)
@@ -259,6 +305,9 @@ def train_sft(module, params, tokenizer, dataset, config: SftConfig, key: jax.Ar
     opt_state = optimizer.init(params)
     step_fn = make_sft_step(module, optimizer)
     batches = _batch_indices(key, num_rows, config.batch_size, config.steps)
+    check_data = None
+    if check_rows is not None and check_every > 0:
+        check_data = tokenize_sft(tokenizer, check_rows, config.seq_len, overflow=config.overflow)
     history = []
     for step in range(config.steps):
         idx = batches[step]
@@ -267,7 +316,14 @@ def train_sft(module, params, tokenizer, dataset, config: SftConfig, key: jax.Ar
         record = {k: float(v) for k, v in jax.device_get(metrics).items()}
         record["learning_rate"] = float(schedule(step))
         record["epoch"] = (step + 1) * config.batch_size / num_rows
+        exact = False
+        if check_data is not None and ((step + 1) % check_every == 0 or step + 1 == config.steps):
+            result = teacher_forced_check(module, params, check_data)
+            record["check_exact"], record["check_token_accuracy"] = result["exact"], result["token_accuracy"]
+            exact = result["exact"] == 1.0
         history.append(record)
         if callback is not None:
             callback(step, record)
+        if stop_when_exact and exact:
+            break
     return params, history

@@ -2,9 +2,10 @@
 
 Generation (on device). `expert_games_device` plays many games at once (`jit` + `vmap` over games, `lax.scan`
 over the model's turns) with `envs.tictactoe`: X, the model's side, is a teacher that with probability
-`teacher_random_move_prob` takes a uniformly random free cell and otherwise a uniform draw among ALL of
-`optimal_moves(board, X)`; O is the environment's own opponent with a per-game `random_move_prob` drawn
-uniformly in `opponent_p_range`. Per model turn it records the board before the move, the move, whether the
+`teacher_random_move_prob` takes a uniformly random free cell and otherwise (teacher "uniform") a uniform draw
+among ALL of `optimal_moves(board, X)` or (teacher "best") the deterministic move of `best_move_table()`: the
+value-keeping move that wins most often against the random opponent; O is the environment's own opponent with a
+per-game `random_move_prob` drawn uniformly in `opponent_p_range`. Per model turn it records the board before the move, the move, whether the
 teacher explored, the move's kind (`move_kind`, also on device) and the state that the next environment message
 renders. Move kinds, first that applies: win (the move completes three X in a line), block (O would complete a
 line on that cell), centre (cell 4), corner (0, 2, 6, 8), other.
@@ -12,8 +13,8 @@ line on that cell), centre (cell 4), corner (0, 2, 6, 8), other.
 Rendering (host). `games_to_rows` renders every game with a prompt preset of `jaxrl_llm.text` (`system_prompt`
 for the system message, `render_message` for every environment message) and writes each reply as
 `<think>{reasoning}</think>\\n<move>{k}</move>`, the reasoning a short template chosen from the move kind (two
-wordings per kind, picked by the game's seed and turn; see `REASONING`). Lost games are filtered out, as the
-reference did for `anakin87/tictactoe-filtered`, and so are unfinished ones.
+wordings per kind, picked by the game's seed and turn; see `REASONING`), or empty with reasoning "none". Lost games are
+filtered out, as the reference did for `anakin87/tictactoe-filtered`, and so are unfinished ones.
 
 Dataset format (the conversational prompt/completion layout of `anakin87/tictactoe` and
 `anakin87/tictactoe-filtered`): ONE ROW PER WHOLE GAME. The public dataset cards list features `prompt` and
@@ -122,14 +123,99 @@ def move_kind(board: jax.Array, move: jax.Array) -> jax.Array:
     return kind.astype(jnp.int8)
 
 
+TEACHERS = ("uniform", "best")
+REASONING_STYLES = ("templates", "none")
+
+
+@functools.lru_cache(maxsize=None)
+def best_move_table() -> np.ndarray:
+    """-> int8[3^9]: the `best` teacher's move for X to move on each board (row `board_index`), -1 where none.
+
+    Among the moves that keep the game-theoretic value (win / draw / loss under perfect play, so the teacher
+    never loses a drawn position to any opponent), the one with the highest probability of winning against
+    the uniformly random opponent (p = 1) when X keeps following this policy; ties go to the lowest cell.
+    Exact dynamic programming over every board on the host (about 6 000 positions, well under a second).
+    Against the random opponent it wins 95.6 % of games (first mover drawn at random; see
+    `teacher_win_rate_vs_random`), against the optimal one it draws all; the uniform teacher wins 87.3 %.
+    """
+    score = np.asarray(ttt.minimax_table()).astype(np.int32)  # [3^9, 2]: column 0 X to move, 1 O to move
+    value = np.sign(score)
+    pow3 = 3 ** np.arange(9)
+    lines = np.asarray(ttt.LINES)
+    best = np.full(3 ** 9, -1, np.int8)
+    memo: dict[tuple[int, int], float] = {}
+
+    def cells(index: int) -> np.ndarray:
+        return (index // pow3) % 3
+
+    def x_win_prob(index: int, x_to_move: bool) -> float:
+        key = (index, int(x_to_move))
+        if key in memo:
+            return memo[key]
+        board = cells(index)
+        marks = board[lines]
+        if (marks == ttt.X).all(1).any():
+            result = 1.0
+        elif (marks == ttt.O).all(1).any() or not (board == ttt.EMPTY).any():
+            result = 0.0
+        else:
+            free = np.flatnonzero(board == ttt.EMPTY)
+            if x_to_move:
+                keep = [c for c in free if -value[index + ttt.X * pow3[c], 1] == value[index, 0]]
+                probs = [x_win_prob(index + ttt.X * pow3[c], False) for c in keep]
+                choice = int(np.argmax(probs))  # first maximum: the lowest cell
+                best[index] = keep[choice]
+                result = probs[choice]
+            else:
+                result = float(np.mean([x_win_prob(index + ttt.O * pow3[c], True) for c in free]))
+        memo[key] = result
+        return result
+
+    # Every board X can face: the empty board (X first) and each O opening (O first).
+    x_win_prob(0, True)
+    for c in range(9):
+        x_win_prob(ttt.O * int(pow3[c]), True)
+    # Boards X never meets under its own policy still get a move (the rollout may reach them by sampling).
+    for index in range(3 ** 9):
+        board = cells(index)
+        n_x, n_o = (board == ttt.X).sum(), (board == ttt.O).sum()
+        if best[index] < 0 and n_o - 1 <= n_x <= n_o:
+            x_win_prob(index, True)
+    return best
+
+
+def teacher_win_rate_vs_random() -> float:
+    """The `best` teacher's exact win probability against the random opponent, first mover 50 / 50."""
+    table = best_move_table()
+    pow3 = 3 ** np.arange(9)
+    lines = np.asarray(ttt.LINES)
+
+    def prob(index: int, x_to_move: bool) -> float:
+        board = (index // pow3) % 3
+        marks = board[lines]
+        if (marks == ttt.X).all(1).any():
+            return 1.0
+        if (marks == ttt.O).all(1).any() or not (board == ttt.EMPTY).any():
+            return 0.0
+        if x_to_move:
+            return prob(index + ttt.X * int(pow3[table[index]]), False)
+        free = np.flatnonzero(board == ttt.EMPTY)
+        return float(np.mean([prob(index + ttt.O * int(pow3[c]), True) for c in free]))
+
+    return 0.5 * prob(0, True) + 0.5 * prob(0, False)
+
+
 def teacher_move(board: jax.Array, uniform: jax.Array, bits: jax.Array,
-                 random_move_prob: jax.Array) -> tuple[jax.Array, jax.Array]:
+                 random_move_prob: jax.Array, teacher: str = "uniform") -> tuple[jax.Array, jax.Array]:
     """int8[9] board (X to move), f32[] uniform in [0, 1), uint32[] random bits, f32[] p ->
     (int32[] cell, bool[] explored).
 
-    Explores (a uniformly random free cell) when uniform < p, else a uniform draw among all optimal X moves.
+    Explores (a uniformly random free cell) when uniform < p; otherwise `teacher` "uniform" draws uniformly among
+    all optimal X moves (`ttt.optimal_moves`), "best" plays `best_move_table()` (deterministic).
     The random numbers come in as arguments (drawn for all games and turns at once by the caller): one vectorized
     draw compiles far faster on CPU than a key split per game and turn."""
+    if teacher not in TEACHERS:
+        raise ValueError(f"teacher must be one of {TEACHERS}, got {teacher!r}")
     free = ttt.legal_moves(board)
     best = ttt.optimal_moves(board, ttt.X)
     explored = uniform < random_move_prob
@@ -137,17 +223,21 @@ def teacher_move(board: jax.Array, uniform: jax.Array, bits: jax.Array,
     count = allowed.sum(dtype=jnp.uint32)
     target = (bits % jnp.maximum(count, 1)).astype(jnp.int32)  # the target-th allowed cell (0-based)
     move = jnp.argmax(jnp.cumsum(allowed.astype(jnp.int32)) > target)
+    if teacher == "best":
+        chosen = jnp.asarray(best_move_table())[ttt.board_index(board)].astype(move.dtype)
+        move = jnp.where(explored | (chosen < 0), move, chosen)
     return move.astype(jnp.int32), explored
 
 
-def _play_one(state: ttt.State, uniform: jax.Array, bits: jax.Array, teacher_p: jax.Array, params: ttt.EnvParams):
+def _play_one(state: ttt.State, uniform: jax.Array, bits: jax.Array, teacher_p: jax.Array, params: ttt.EnvParams,
+              teacher: str = "uniform"):
     """One game from its reset state: scan over the model's turns (a finished game stays unchanged).
 
     uniform f32[T], bits uint32[T]: the teacher's random numbers per turn."""
 
     def turn(state, rand):
         live = ~state.done
-        move, explored = teacher_move(state.board, rand[0], rand[1], teacher_p)
+        move, explored = teacher_move(state.board, rand[0], rand[1], teacher_p, teacher)
         kind = move_kind(state.board, move)
         new = ttt.step(state, move, params)  # a done state comes back unchanged
         record = (
@@ -166,13 +256,15 @@ def _play_one(state: ttt.State, uniform: jax.Array, bits: jax.Array, teacher_p: 
     return final, rec, num_moves
 
 
-@functools.partial(jax.jit, static_argnames=("num_games", "params"))
+@functools.partial(jax.jit, static_argnames=("num_games", "params", "teacher"))
 def expert_games_device(key: jax.Array, num_games: int, teacher_random_move_prob: jax.Array, p_min: jax.Array,
-                        p_max: jax.Array, params: ttt.EnvParams = ttt.EnvParams()) -> ExpertGames:
+                        p_max: jax.Array, params: ttt.EnvParams = ttt.EnvParams(),
+                        teacher: str = "uniform") -> ExpertGames:
     """Play `num_games` teacher-vs-opponent games on device -> ExpertGames of device arrays.
 
     key: PRNG key; teacher_random_move_prob, p_min, p_max: f32[] (traced: no recompile when they change);
-    the opponent's p of each game is uniform in [p_min, p_max]. Static num_games and EnvParams."""
+    the opponent's p of each game is uniform in [p_min, p_max]. Static num_games, EnvParams and teacher
+    ("uniform" or "best", see `teacher_move`)."""
     k_seed, k_p, k_uniform, k_bits = jax.random.split(key, 4)
     seeds = jax.random.bits(k_seed, (num_games,), jnp.uint32)
     p = jax.random.uniform(k_p, (num_games,), jnp.float32, minval=p_min, maxval=p_max)
@@ -181,7 +273,8 @@ def expert_games_device(key: jax.Array, num_games: int, teacher_random_move_prob
     bits = jax.random.bits(k_bits, (num_games, MAX_MODEL_MOVES), jnp.uint32)
     start = jax.vmap(ttt.reset, in_axes=(0, 0, None))(seeds, p, params)
     teacher_p = jnp.asarray(teacher_random_move_prob, jnp.float32)
-    final, rec, num_moves = jax.vmap(_play_one, in_axes=(0, 0, 0, None, None))(start, uniform, bits, teacher_p, params)
+    final, rec, num_moves = jax.vmap(_play_one, in_axes=(0, 0, 0, None, None, None))(
+        start, uniform, bits, teacher_p, params, teacher)
     boards, moves, kinds, explored, after_boards, statuses, last_opp = rec
     return ExpertGames(
         seed=seeds, random_move_prob=start.random_move_prob, first_board=start.board,
@@ -212,17 +305,103 @@ def check_p_range(opponent_p_range: Sequence[float]) -> tuple[float, float]:
     return p_min, p_max
 
 
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
 def generate_expert_games(key: jax.Array, num_games: int, *, teacher_random_move_prob: float = 0.0,
-                          opponent_p_range: Sequence[float] = (0.0, 1.0), max_turns: int = 8) -> ExpertGames:
+                          opponent_p_range: Sequence[float] = (0.0, 1.0), max_turns: int = 8,
+                          teacher: str = "uniform") -> ExpertGames:
     """Host wrapper: validate the arguments, play on device, return ExpertGames of NumPy arrays (all games)."""
+    _check_choice("teacher", teacher, TEACHERS)
     if isinstance(num_games, bool) or not isinstance(num_games, (int, np.integer)) or num_games < 1:
         raise ValueError(f"num_games must be an int >= 1, got {num_games!r}")
     teacher_p = _check_prob("teacher_random_move_prob", teacher_random_move_prob)
     p_min, p_max = check_p_range(opponent_p_range)
     params = ttt.EnvParams(max_turns=max_turns)
     games = expert_games_device(key, int(num_games), jnp.float32(teacher_p), jnp.float32(p_min),
-                                jnp.float32(p_max), params)
+                                jnp.float32(p_max), params, teacher)
     return ExpertGames(*(np.asarray(x) for x in jax.device_get(games)))
+
+
+def exhaustive_expert_games() -> ExpertGames:
+    """Every game the deterministic `best` teacher can meet, each once (NumPy ExpertGames, host).
+
+    The teacher's moves are fixed (`best_move_table`), so the games it can play against ANY opponent form a
+    small tree: the opponent's choices branch it (all 9 openings when O starts, every free cell at every
+    reply). Its leaves are 1 000-odd complete games (a few hundred with X first), every position the teacher
+    can face appears in them, and so an SFT set made of them covers every board a model that plays like the
+    teacher meets in evaluation, whatever the opponent. Order: X-first games, then O-first ones, each in
+    depth-first order of the opponent's cells. `random_move_prob` is -1 (no single opponent strength) and
+    `seed` the game's index; statuses follow `envs.tictactoe.step`.
+    """
+    table = best_move_table()
+    pow3 = 3 ** np.arange(9)
+    lines = np.asarray(ttt.LINES)
+
+    def won(board, player):
+        return bool((board[lines] == player).all(1).any())
+
+    games: list[tuple] = []
+
+    def play(board, first, turns, last):
+        """X to move on `board` (`last`: the opponent's latest move, -1 none); turns: [(board before, move,
+        after board, status, last opp)] so far."""
+        move = int(table[int((board * pow3).sum())])
+        after = board.copy()
+        after[move] = ttt.X
+        if won(after, ttt.X) or not (after == ttt.EMPTY).any():
+            status = ttt.STATUS_WIN if won(after, ttt.X) else ttt.STATUS_DRAW
+            games.append((first, turns + [(board, move, after, status, last)]))
+            return
+        for reply in np.flatnonzero(after == ttt.EMPTY):
+            nxt = after.copy()
+            nxt[reply] = ttt.O
+            if won(nxt, ttt.O) or not (nxt == ttt.EMPTY).any():
+                status = ttt.STATUS_LOSS if won(nxt, ttt.O) else ttt.STATUS_OPP_DRAW
+                games.append((first, turns + [(board, move, nxt, status, int(reply))]))
+            else:
+                play(nxt, first, turns + [(board, move, nxt, ttt.STATUS_OPP_MOVED, int(reply))], int(reply))
+
+    empty = np.zeros(9, np.int8)
+    play(empty, (empty, ttt.STATUS_START_MODEL_FIRST, -1), [], -1)
+    for opening in range(9):
+        board = empty.copy()
+        board[opening] = ttt.O
+        play(board, (board, ttt.STATUS_START_OPP_FIRST, opening), [], opening)
+
+    n, t_max = len(games), MAX_MODEL_MOVES
+    boards = np.zeros((n, t_max, 9), np.int8)
+    after_boards = np.zeros((n, t_max, 9), np.int8)
+    moves = np.full((n, t_max), -1, np.int32)
+    kinds = np.full((n, t_max), -1, np.int8)
+    statuses = np.zeros((n, t_max), np.int8)
+    last_opp = np.full((n, t_max), -1, np.int8)
+    outcome = np.zeros(n, np.int8)
+    num_moves = np.zeros(n, np.int32)
+    for i, (_, turns) in enumerate(games):
+        num_moves[i] = len(turns)
+        for t, (before, move, after, status, opp) in enumerate(turns):
+            boards[i, t], moves[i, t], after_boards[i, t] = before, move, after
+            statuses[i, t], last_opp[i, t] = status, opp
+        final = turns[-1][3]
+        outcome[i] = ttt.OUTCOME_WIN if final == ttt.STATUS_WIN else (
+            ttt.OUTCOME_LOSS if final == ttt.STATUS_LOSS else ttt.OUTCOME_DRAW)
+    valid = moves >= 0
+    flat_kinds = np.asarray(jax.vmap(move_kind)(jnp.asarray(boards.reshape(-1, 9)),
+                                                jnp.asarray(np.maximum(moves, 0).reshape(-1))))
+    kinds = np.where(valid, flat_kinds.reshape(n, t_max), -1).astype(np.int8)
+    return ExpertGames(
+        seed=np.arange(n, dtype=np.uint32), random_move_prob=np.full(n, -1.0, np.float32),
+        first_board=np.stack([g[0][0] for g in games]).astype(np.int8),
+        first_status=np.array([g[0][1] for g in games], np.int8),
+        first_last_opp=np.array([g[0][2] for g in games], np.int8),
+        boards=boards, moves=moves, kinds=kinds, explored=np.zeros((n, t_max), bool), after_boards=after_boards,
+        statuses=statuses, last_opp=last_opp, num_moves=num_moves, outcome=outcome,
+        teacher_random_move_prob=np.zeros(n, np.float32),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -236,9 +415,12 @@ def reasoning_text(kind: int, move: int, variant: int = 0) -> str:
     return options[int(variant) % len(options)].replace("{k}", str(int(move)))
 
 
-def reply_text(kind: int, move: int, variant: int = 0) -> str:
-    """The assistant reply: `<think>{reasoning}</think>\\n<move>{move}</move>`."""
-    return f"<think>{reasoning_text(kind, move, variant)}</think>\n<move>{int(move)}</move>"
+def reply_text(kind: int, move: int, variant: int = 0, reasoning: str = "templates") -> str:
+    """The assistant reply: `<think>{reasoning}</think>\\n<move>{move}</move>`; reasoning "none" leaves the
+    think block empty (`<think></think>`, still in the spec's format)."""
+    _check_choice("reasoning", reasoning, REASONING_STYLES)
+    thought = reasoning_text(kind, move, variant) if reasoning == "templates" else ""
+    return f"<think>{thought}</think>\n<move>{int(move)}</move>"
 
 
 def kind_of_reasoning(reasoning: str) -> int:
@@ -261,8 +443,10 @@ def _preset(preset: str | text.PromptPreset) -> text.PromptPreset:
     return text.PRESETS[preset]
 
 
-def render_game(games: ExpertGames, i: int, preset: str | text.PromptPreset = "reference") -> dict:
-    """Game i of `games` (NumPy) -> one dataset row {prompt, completion, info} (see the module docstring)."""
+def render_game(games: ExpertGames, i: int, preset: str | text.PromptPreset = "reference",
+                reasoning: str = "templates") -> dict:
+    """Game i of `games` (NumPy) -> one dataset row {prompt, completion, info} (see the module docstring);
+    `reasoning` "templates" or "none" (see `reply_text`)."""
     preset = _preset(preset)
     seed = int(games.seed[i])
     n = int(games.num_moves[i])
@@ -274,7 +458,7 @@ def render_game(games: ExpertGames, i: int, preset: str | text.PromptPreset = "r
     completion = []
     for t in range(n):
         move, kind = int(games.moves[i, t]), int(games.kinds[i, t])
-        completion.append({"role": "assistant", "content": reply_text(kind, move, seed + t)})
+        completion.append({"role": "assistant", "content": reply_text(kind, move, seed + t, reasoning)})
         status = int(games.statuses[i, t])
         if int(games.outcome[i]) == ttt.OUTCOME_UNFINISHED and t == n - 1:
             break  # an unfinished game gets no further message
@@ -296,24 +480,38 @@ def render_game(games: ExpertGames, i: int, preset: str | text.PromptPreset = "r
 
 
 def games_to_rows(games: ExpertGames, preset: str | text.PromptPreset = "reference", *,
-                  keep_losses: bool = False) -> list[dict]:
+                  keep_losses: bool = False, reasoning: str = "templates") -> list[dict]:
     """Render the won and drawn games (lost ones too if keep_losses; never unfinished ones) as rows."""
+    _check_choice("reasoning", reasoning, REASONING_STYLES)
     keep = (games.outcome == ttt.OUTCOME_WIN) | (games.outcome == ttt.OUTCOME_DRAW)
     if keep_losses:
         keep |= games.outcome == ttt.OUTCOME_LOSS
-    return [render_game(games, int(i), preset) for i in np.flatnonzero(keep)]
+    return [render_game(games, int(i), preset, reasoning) for i in np.flatnonzero(keep)]
 
 
 def make_expert_dataset(key: jax.Array, num_games: int, *, teacher_random_move_prob: float = 0.1,
                         opponent_p_range: Sequence[float] = (0.0, 1.0), preset: str = "reference",
-                        max_turns: int = 8):
+                        max_turns: int = 8, teacher: str = "uniform", reasoning: str = "templates",
+                        tree_copies: int = 0):
     """Play `num_games` expert games on device and return the kept ones as a `datasets.Dataset` (one row a game).
 
-    Lost and unfinished games are dropped, so the dataset may hold fewer than `num_games` rows."""
+    Lost and unfinished games are dropped, so the dataset may hold fewer than `num_games` rows. tree_copies > 0
+    (teacher "best" without exploration only) appends that many copies of `exhaustive_expert_games()`, the
+    whole tree of games the teacher can meet, so every position it can face is in the data."""
     _preset(preset)
+    if isinstance(tree_copies, bool) or not isinstance(tree_copies, (int, np.integer)) or tree_copies < 0:
+        raise ValueError(f"tree_copies must be an int >= 0, got {tree_copies!r}")
+    if tree_copies and (teacher != "best" or teacher_random_move_prob > 0):
+        raise ValueError("tree_copies needs the deterministic teacher: teacher='best' and "
+                         f"teacher_random_move_prob=0 (got {teacher!r}, {teacher_random_move_prob})")
+    if tree_copies and max_turns < MAX_MODEL_MOVES:
+        raise ValueError(f"tree_copies needs max_turns >= {MAX_MODEL_MOVES} (a tree game has up to "
+                         f"{MAX_MODEL_MOVES} model moves), got {max_turns}")
     games = generate_expert_games(key, num_games, teacher_random_move_prob=teacher_random_move_prob,
-                                  opponent_p_range=opponent_p_range, max_turns=max_turns)
-    rows = games_to_rows(games, preset)
+                                  opponent_p_range=opponent_p_range, max_turns=max_turns, teacher=teacher)
+    rows = games_to_rows(games, preset, reasoning=reasoning)
+    if tree_copies:
+        rows += games_to_rows(exhaustive_expert_games(), preset, reasoning=reasoning) * int(tree_copies)
     return rows_to_dataset(rows)
 
 

@@ -133,9 +133,29 @@ _COMPACT_SYSTEM = (
     "Reply with <think>...</think> then <move>cell</move>.\n"
 )
 
+_TINY_SYSTEM = "Tic-Tac-Toe. You are X. Reply <think></think><move>cell</move>.\n{board}\n"
+
+# `tiny`: the shortest messages, for models trained from scratch (a game is about half the tokens of
+# `compact`). A board is three 3-character rows (`XO2`, one token a cell with the project tokenizer).
+_TINY = PromptPreset(
+    name="tiny", system_prompt=_TINY_SYSTEM,
+    status_start_model_first="You start.",
+    status_start_opp_first="O played {k}.",
+    status_opp_moved="O played {k}.",
+    status_invalid="Invalid move.",
+    status_no_move="No <move> tag.",
+    status_win="You win!",
+    status_draw="Draw!",
+    status_loss="O played {k}. You lose!",
+    status_opp_draw="O played {k}. Draw!",
+    status_board_sep="\n", board_free_sep="\n", free_prefix="Free: ", free_turn_sep="\n",
+    your_turn="Your move.", cell_sep="", row_sep="\n",
+)
+
 PRESETS: dict[str, PromptPreset] = {
     "reference": PromptPreset(name="reference", system_prompt=_REFERENCE_SYSTEM),
     "compact": PromptPreset(name="compact", system_prompt=_COMPACT_SYSTEM),
+    "tiny": _TINY,
 }
 
 

@@ -120,10 +120,34 @@ def initial_policy(comp: Components, key: jax.Array):
     return fresh_params(comp, key)
 
 
+def _hf_params(comp: Components, folder: str, target):
+    """The params of a Hugging Face LFM2 folder (`jaxrl-llm export`'s output), checked against the model."""
+    from models.hf import load_hf
+
+    loaded = load_hf(folder)
+    if loaded.config.num_hidden_layers != comp.lfm2.num_hidden_layers or loaded.config.hidden_size != comp.lfm2.hidden_size \
+            or loaded.config.vocab_size != comp.lfm2.vocab_size:
+        raise ValueError(
+            f"{folder} holds a model with {loaded.config.num_hidden_layers} layers, hidden {loaded.config.hidden_size}, "
+            f"vocab {loaded.config.vocab_size}, but the config builds {comp.lfm2.num_hidden_layers} / "
+            f"{comp.lfm2.hidden_size} / {comp.lfm2.vocab_size}: use the preset it was trained with")
+    got = jax.tree_util.tree_map(lambda x: (x.shape, str(x.dtype)), loaded.params)
+    want = jax.tree_util.tree_map(lambda x: (x.shape, str(x.dtype)), target)
+    if got != want:
+        raise ValueError(f"{folder}'s tensors do not match the config's model (shapes or dtypes differ); "
+                         "use the preset it was trained with")
+    print(f"params from {folder} (Hugging Face folder)")
+    return loaded.params
+
+
 def policy_params(config, comp, checkpoint: str | None):
-    """Params to evaluate / play / export: `--checkpoint DIR` (a GRPO or SFT checkpoint folder), else the
-    run's latest GRPO checkpoint, else its SFT checkpoint, else a fresh init (with a warning)."""
+    """Params to evaluate / play / export: `--checkpoint DIR` (a GRPO or SFT checkpoint folder, or a Hugging
+    Face folder with config.json + safetensors such as `jaxrl-llm export` writes), else the
+    run's latest GRPO checkpoint, else its SFT checkpoint, else `model.init_from` (a Hugging Face folder),
+    else a fresh init (with a warning)."""
     target = jax.eval_shape(lambda: fresh_params(comp, jax.random.PRNGKey(0)))
+    if checkpoint and (Path(checkpoint) / "config.json").is_file():
+        return _hf_params(comp, checkpoint, target)
     candidates = [checkpoint] if checkpoint else [config.checkpoint_dir(), str(sft_dir(config))]
     for folder in candidates:
         try:
@@ -134,7 +158,10 @@ def policy_params(config, comp, checkpoint: str | None):
         except FileNotFoundError:
             if checkpoint:
                 raise
-    print("warning: no checkpoint found: using freshly initialised params")
+    if config.model.init_from is not None:
+        print(f"no checkpoint in {', '.join(map(str, candidates))}: params from model.init_from = {config.model.init_from}")
+    else:
+        print("warning: no checkpoint found: using freshly initialised params")
     return fresh_params(comp, jax.random.PRNGKey(config.run.seed))
 
 
@@ -199,6 +226,21 @@ def make_grpo_step(comp: Components, stage: int, mesh=None):
         return params, opt_state, metrics, traj
 
     return jax.jit(step, donate_argnums=(0, 1)), optimizer
+
+
+def time_stage_rollout(comp: Components, stage: int, params, key: jax.Array, repeats: int = 2) -> float:
+    """Seconds for the rollout alone of one step of GRPO stage `stage` (its batch, its settings; compiled
+    first, best of `repeats`): with the stage's step_time it splits a GRPO step into rollout and update."""
+    s = comp.config.grpo[stage]
+    run = ro.make_rollout(comp.model_fn, comp.init_cache, comp.tables, comp.rollout_config(stage))
+    seeds, probs = ttt.stratified_examples(key, s.num_prompts, s.group_size, s.p_min, s.p_max)
+    jax.block_until_ready(run(params, seeds, probs, key))
+    best = float("inf")
+    for i in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(run(params, seeds, probs, jax.random.fold_in(key, i)))
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def games_played(config: ExperimentConfig, global_step: int) -> int:
@@ -352,8 +394,9 @@ def run_sft(config: ExperimentConfig, comp: Components | None = None, log=print,
         return params
     scfg = sft.SftConfig(
         steps=c.steps, batch_size=c.batch_size, seq_len=c.seq_len, num_games=c.num_games,
-        teacher_random_move_prob=c.teacher_random_move_prob,
-        opponent_p_min=c.opponent_random_move_prob, opponent_p_max=c.opponent_random_move_prob,
+        teacher_random_move_prob=c.teacher_random_move_prob, teacher=c.teacher, reasoning=c.reasoning,
+        tree_copies=c.tree_copies,
+        opponent_p_min=c.opponent_p_range()[0], opponent_p_max=c.opponent_p_range()[1],
         preset=config.prompt.preset, max_turns=config.env.max_turns, optim=c.optim,
     )
     out = Path(config.run.output_dir)
@@ -369,19 +412,35 @@ def run_sft(config: ExperimentConfig, comp: Components | None = None, log=print,
         dataset = sft.make_sft_dataset(scfg, jax.random.fold_in(base_key, 1))
         save_sft_dataset(dataset, out / "sft_data")
         export_jsonl(dataset, out / "sft_data.jsonl")
-        log(f"SFT: {len(dataset)} expert games kept of {c.num_games} played (saved to {out / 'sft_data'})")
+        tree = f" + {c.tree_copies} x the teacher's game tree" if c.tree_copies else ""
+        log(f"SFT: {len(dataset)} expert games ({c.num_games} played, lost / unfinished dropped{tree}; "
+            f"saved to {out / 'sft_data'})")
     writer = MetricsWriter(out / "sft_metrics.jsonl")
     progress = Progress(c.steps, "sft", keys=("loss", "accuracy"))
 
     def callback(step, record):
         writer.write(step + 1, record)
         progress.update(loss=record["loss"], accuracy=record["accuracy"])
+        if "check_exact" in record:
+            log(f"SFT step {step + 1}: {100 * record['check_exact']:.2f} % of the teacher's tree games exact "
+                f"(teacher-forced, greedy)")
 
-    params, _ = sft.train_sft(comp.module, params, comp.tokenizer, dataset, scfg, jax.random.fold_in(base_key, 2), callback)
+    check_rows = None
+    if c.check_every:
+        from jaxrl_llm.sft_data import exhaustive_expert_games, games_to_rows
+
+        check_rows = games_to_rows(exhaustive_expert_games(), comp.preset, reasoning=c.reasoning)
+    params, history = sft.train_sft(comp.module, params, comp.tokenizer, dataset, scfg,
+                                    jax.random.fold_in(base_key, 2), callback, check_rows=check_rows,
+                                    check_every=c.check_every, stop_when_exact=c.stop_when_exact)
     progress.close()
     writer.close()
+    if check_rows is not None:
+        last = history[-1]
+        log(f"SFT: {len(history)} steps; teacher-forced check on the teacher's {len(check_rows)} tree games: "
+            f"{100 * last['check_exact']:.2f} % exact, token accuracy {100 * last['check_token_accuracy']:.3f} %")
     with Checkpointer(folder, keep=1, async_save=False) as ckpt:
-        ckpt.save(c.steps, {"params": params}, config=config)
+        ckpt.save(len(history), {"params": params}, config=config)
     return params
 
 
@@ -395,6 +454,21 @@ def _eval_rollout(comp: Components):
     if "eval_rollout" not in comp.compiled:
         comp.compiled["eval_rollout"] = ro.make_rollout(comp.model_fn, comp.init_cache, comp.tables, comp.rollout_config(None))
     return comp.compiled["eval_rollout"]
+
+
+def tree_check(comp: Components, params) -> dict:
+    """`sft.teacher_forced_check` of `params` on every game the best teacher can meet (738 games, the run's
+    prompt preset and reasoning style): exact = 1.0 means greedy play equals the teacher's against any
+    opponent, so its evaluation results are the teacher's exact ones (95.6 % wins vs random, all draws vs
+    optimal)."""
+    from jaxrl_llm import sft
+    from jaxrl_llm.sft_data import exhaustive_expert_games, games_to_rows
+
+    rows = games_to_rows(exhaustive_expert_games(), comp.preset, reasoning=comp.config.sft.reasoning)
+    data = sft.tokenize_sft(comp.tokenizer, rows, 4096)
+    longest = int(data["lengths"].max())
+    data = {k: v[:, :longest] if v.ndim == 2 else v for k, v in data.items()}
+    return sft.teacher_forced_check(comp.module, params, data)
 
 
 def summarize(traj: ro.Trajectory) -> dict[str, float]:

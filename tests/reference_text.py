@@ -67,6 +67,26 @@ def message(board, status: int, k: int) -> str:
     return f"{head}\n\nAvailable positions: {free}\n\nYour turn."
 
 
+# The project's `tiny` preset (short messages for models trained from scratch), written out here on its own.
+TINY_SYSTEM = "Tic-Tac-Toe. You are X. Reply <think></think><move>cell</move>.\n012\n345\n678\n"
+
+
+def tiny_message(board, status: int, k: int) -> str:
+    """The `tiny` preset's message: status, the board as three 3-character rows, free cells, `Your move.`."""
+    marks = {1: "X", 2: "O"}
+    cells = "".join(marks.get(int(v), str(i)) for i, v in enumerate(board))
+    status_line = {
+        START_MODEL_FIRST: "You start.", START_OPP_FIRST: f"O played {k}.", OPP_MOVED: f"O played {k}.",
+        INVALID: "Invalid move.", NO_MOVE: "No <move> tag.", WIN: "You win!", DRAW: "Draw!",
+        LOSS: f"O played {k}. You lose!", OPP_DRAW: f"O played {k}. Draw!",
+    }[status]
+    head = f"{status_line}\n{cells[0:3]}\n{cells[3:6]}\n{cells[6:9]}"
+    if status in FINAL:
+        return head
+    free = [i for i in range(9) if int(board[i]) == 0]
+    return f"{head}\nFree: {free}\nYour move."
+
+
 def parse_move(text: str) -> int:
     """-1 without a <move> tag, d for exactly str(d) (d in 0..8), 9 for any other tag content."""
     m = MOVE_RE.search(text)
@@ -163,12 +183,13 @@ def random_game(rng: random.Random, max_turns: int = 8):
     return messages, replies
 
 
-def conversation(messages, replies, upto: int, system: str = SYSTEM_PROMPT) -> list[dict]:
-    """Chat messages: system, then user messages 0..upto with the replies between them."""
+def conversation(messages, replies, upto: int, system: str = SYSTEM_PROMPT, render=message) -> list[dict]:
+    """Chat messages: system, then user messages 0..upto with the replies between them (`render`: the
+    message function, `message` or `tiny_message`)."""
     conv = [{"role": "system", "content": system}]
     for i in range(upto + 1):
         if i:
             conv.append({"role": "assistant", "content": replies[i - 1]})
         board, status, k = messages[i]
-        conv.append({"role": "user", "content": message(board, status, k)})
+        conv.append({"role": "user", "content": render(board, status, k)})
     return conv

@@ -40,16 +40,37 @@ def test_presets_load_and_fit_the_tokenizer():
     tiny, cpu = cfg.load_config(TINY), cfg.load_config(CPU)
     for c in (tiny, cpu):
         assert c.model.lfm2_config().vocab_size >= vocab
-        assert c.prompt.preset == "compact"
+    assert tiny.prompt.preset == "compact" and cpu.prompt.preset == "tiny"
     assert len(tiny.grpo) == 2 and tiny.sft.steps <= 5
-    # cpu: SFT then GRPO stage(s) (the recipe is being tuned, see experiments/README.md), 7 training turns,
-    # 8 in evaluation.
-    assert cpu.sft.steps > 0 and len(cpu.grpo) >= 1
-    assert all(0.0 <= s.p_min <= s.p_max <= 1.0 for s in cpu.grpo)
-    assert all(s.max_turns == 7 for s in cpu.grpo) and cpu.eval.max_turns == 8
+    # cpu: SFT then the spec's two GRPO stages (rising opponent strength), 7 training turns, 8 in evaluation,
+    # 1000 evaluation games per opponent.
+    assert cpu.sft.steps > 0 and cpu.sft.teacher == "best" and cpu.sft.tree_copies > 0
+    assert [(s.p_min, s.p_max) for s in cpu.grpo] == [(0.2, 0.7), (0.0, 0.25)]
+    assert all(s.max_turns == 7 for s in cpu.grpo) and cpu.eval.max_turns == 8 and cpu.eval.num_games == 1000
     module = Lfm2ForCausalLM(cpu.model.lfm2_config())
     shapes = jax.eval_shape(module.init, jax.random.key(0), jax.ShapeDtypeStruct((1, 4), "int32"))
     assert 500_000 <= count_params(shapes) <= 5_000_000
+
+
+@pytest.mark.parametrize("size", ["350m", "1.2b"])
+def test_gpu_presets_load_a_real_checkpoint_layout(size, tmp_path):
+    """The GPU presets read an LFM2 folder (here a tiny stand-in with the same files) with the reference prompt
+    and the spec's two stages (256 then 480 rollouts, p ranges, temperatures, context lengths)."""
+    import json
+
+    from models import lfm2
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(lfm2.PRESETS["tiny"].to_hf_dict()))
+    c = cfg.load_config(PRESETS / f"lfm2_{size}_gpu.toml", [f'model.init_from="{folder}"', f'tokenizer.path="{folder}"'])
+    assert c.prompt.preset == "reference" and c.model.lfm2_config().hidden_size == lfm2.PRESETS["tiny"].hidden_size
+    assert [s.num_prompts * s.group_size for s in c.grpo] == [256, 480]
+    assert [(s.p_min, s.p_max, s.temperature) for s in c.grpo] == [(0.2, 0.7, 1.0), (0.0, 0.25, 1.25)]
+    assert [c.stage_context_length(i) for i in range(2)] == [768, 384]
+    assert c.sft.steps == 30 and c.sft.batch_size == 32
+    with pytest.raises(ConfigError, match="init_from"):
+        cfg.load_config(PRESETS / f"lfm2_{size}_gpu.toml")  # the checkpoint is not downloaded here
 
 
 def test_defaults_are_valid_and_hashable():
@@ -234,6 +255,24 @@ def test_file_errors(tmp_path):
         cfg.load_config(typo)
     assert info.value.key == "model.init_from"
     assert cfg.load_config(typo, check_paths=False).model.init_from == "/no/such/folder"
+
+
+def test_init_from_with_a_clashing_architecture_override_names_both_values(tmp_path):
+    import json
+
+    from models import lfm2
+
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    saved = dataclasses.replace(lfm2.PRESETS["tiny"], vocab_size=576)
+    (folder / "config.json").write_text(json.dumps(saved.to_hf_dict()))
+    path = tmp_path / "c.toml"
+    path.write_text(f'[model]\ninit_from = "{folder}"\nvocab_size = 576\nhidden_size = {saved.hidden_size}\n')
+    assert cfg.load_config(path).model.lfm2_config().vocab_size == 576  # overrides equal to the checkpoint's
+    with pytest.raises(ConfigError) as info:
+        cfg.load_config(path, [f"model.hidden_size={2 * saved.hidden_size}"])
+    assert info.value.key == "model.hidden_size"
+    assert f"checkpoint has {saved.hidden_size}" in str(info.value) and "init_from" in str(info.value)
 
 
 def test_python_construction_errors_name_the_field():

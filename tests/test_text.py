@@ -117,7 +117,7 @@ def _render_batch(tables, turns):
     return np.asarray(tokens), np.asarray(lengths)
 
 
-def _check_conversations(tokenizer, preset, tables, n_games, seed):
+def _check_conversations(tokenizer, preset, tables, n_games, seed, render=ref.message):
     rng = random.Random(seed)
     games = [ref.random_game(rng) for _ in range(n_games)]
     turns = [(m[0], m[1], m[2], i == 0) for messages, _ in games for i, m in enumerate(messages)]
@@ -135,7 +135,7 @@ def _check_conversations(tokenizer, preset, tables, n_games, seed):
             cursor += 1
             seen_status.add(messages[i][1])
         seen_first.add(messages[0][1])
-        conv = ref.conversation(messages, replies, len(messages) - 1, system=text.system_prompt(preset))
+        conv = ref.conversation(messages, replies, len(messages) - 1, system=text.system_prompt(preset), render=render)
         final = messages[-1][1] in ref.FINAL
         expected = tokenizer.apply_chat_template(conv, tokenize=True, add_generation_prompt=not final,
                                                  return_dict=False)
@@ -150,6 +150,24 @@ def test_device_conversation_equals_chat_template(tok, tables):
 def test_device_conversation_compact_preset(tok):
     preset = text.PRESETS["compact"]
     _check_conversations(tok, preset, text.build_text_tables(tok, preset), n_games=60, seed=2)
+
+
+def test_tiny_preset_texts_equal_the_independent_ones():
+    preset = text.PRESETS["tiny"]
+    assert text.system_prompt(preset) == ref.TINY_SYSTEM
+    rng = random.Random(4)
+    for _ in range(300):
+        board = [rng.choice([0, 0, 1, 2]) for _ in range(9)]
+        status, k = rng.randrange(9), rng.randrange(9)
+        assert text.render_message(preset, board, status, k) == ref.tiny_message(board, status, k)
+
+
+@pytest.mark.parametrize("which", ["project", "lfm2-like"])
+def test_device_conversation_tiny_preset(tok, tok2, which):
+    preset = text.PRESETS["tiny"]
+    tokenizer = tok if which == "project" else tok2
+    _check_conversations(tokenizer, preset, text.build_text_tables(tokenizer, preset), n_games=60, seed=5,
+                         render=ref.tiny_message)
 
 
 def test_device_conversation_second_tokenizer(tok2):

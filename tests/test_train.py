@@ -168,3 +168,39 @@ def test_play_against_a_scripted_person(tmp_path, monkeypatch):
     assert play_terminal(config, input_fn=lambda prompt: next(answers), print_fn=lines.append) == 0
     text = "\n".join(lines)
     assert "model:" in text and ("unfinished" in text or "wins" in text or "draw" in text or "fits" in text)
+
+
+def test_an_exported_folder_serves_as_checkpoint_for_eval_and_play(tmp_path, capsys):
+    import jax
+
+    from jaxrl_llm import train
+    from jaxrl_llm.cli import main
+    from models.hf import save_hf
+
+    config = load_config(PRESET, _overrides(tmp_path))
+    comp = train.build(config)
+    params = train.fresh_params(comp, jax.random.PRNGKey(3))
+    folder = save_hf(comp.lfm2, params, tmp_path / "hf")
+    loaded = train.policy_params(config, comp, str(folder))
+    assert jax.tree_util.tree_all(jax.tree_util.tree_map(lambda a, b: bool((np.asarray(a) == np.asarray(b)).all()),
+                                                         loaded, params))
+    assert main(["eval", str(PRESET), "--checkpoint", str(folder), *sum((["--set", s] for s in _overrides(tmp_path)), [])]) == 0
+    assert "Hugging Face folder" in capsys.readouterr().out
+    other = load_config(PRESET, _overrides(tmp_path, "model.hidden_size=64"))
+    with pytest.raises(ValueError, match="use the preset it was trained with"):
+        train.policy_params(other, train.build(other), str(folder))
+
+
+def test_the_committed_cpu_checkpoint_plays_exactly_like_the_teacher():
+    """experiments/checkpoints/cpu (the CPU experiment's RL model): greedy, it reproduces every game of the best
+    teacher's tree, so it never loses and never plays an invalid move, against any opponent."""
+    from jaxrl_llm import train
+
+    config = load_config(ROOT / "experiments" / "presets" / "cpu.toml", ["eval.num_games=64"])
+    comp = train.build(config)
+    params = train.policy_params(config, comp, str(ROOT / "experiments" / "checkpoints" / "cpu"))
+    assert train.tree_check(comp, params)["exact"] == 1.0
+    results = train.evaluate(comp, params)
+    for r in results.values():
+        assert r["loss"] == 0 and r["invalid"] == 0 and r["format"] == 1.0 and r["unfinished"] == 0
+    assert results["optimal"]["draw"] == 1.0 and results["random"]["win"] > 0.85

@@ -550,3 +550,15 @@ def test_teacher_forced_check_counts_exact_rows(tok):
     assert sft.teacher_forced_check(Oracle(0), {}, data, batch_size=4)["exact"] == 1.0
     result = sft.teacher_forced_check(Oracle(1), {}, data, batch_size=4)  # batches [0..3], [4 + padding]
     assert result["wrong_rows"] == [0, 4] and result["exact"] == 0.6 and 0 < result["token_accuracy"] < 1
+
+
+def test_baselines_script_plays_every_pair():
+    from jaxrl_llm import baselines
+
+    results = baselines.baseline_results(games=64)
+    assert set(results) == set(baselines.PLAYERS)
+    for name, by_opp in results.items():
+        for r in by_opp.values():
+            assert abs(r["win"] + r["draw"] + r["loss"] - 1) < 1e-9
+    assert results["minimax (uniform)"]["optimal"]["draw"] == 1.0
+    assert results["minimax (best tie-break)"]["random"]["loss"] == 0.0

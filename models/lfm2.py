@@ -43,6 +43,7 @@ ATTENTION = "full_attention"
 LAYER_TYPES = (CONV, ATTENTION)
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 _DEFAULT_THETA = 1_000_000.0
+_MASKED = float(np.finfo(np.float32).min)  # score of a masked key (finite: no NaN in empty rows)
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -486,9 +487,12 @@ def _rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 class Attention(nn.Module):
     """GQA with q/k RMSNorm and RoPE. x [B, T, D], positions int32[B, T] -> ([B, T, D], (K, V) or None).
 
-    Without `kv` (full forward) keys are this call's tokens, causal by position. With `kv` = (K, V)
-    [B, S, KV, hd] the T new keys/values of row b are written at `positions[b]` (entries t >= num_valid[b]
-    are dropped) and a query at position q attends to the cached keys at positions <= q.
+    Without `kv` (full forward) keys are this call's tokens, causal by position. With `kv` = (K [B, KV, hd, S],
+    V [B, KV, S, hd]) a query at position q attends to the cached keys (positions < lengths, the first
+    position of the chunk) and to this call's keys up to q; then the T new keys/values of row b are
+    written at `positions[b]` (entries t >= num_valid[b] are dropped). Attending before writing lets XLA
+    update the cache in place (reading it back after the write made it copy every cache buffer at every
+    decode step).
     """
 
     config: Lfm2Config
@@ -509,27 +513,46 @@ class Attention(nn.Module):
         # Queries as [B, KV, G*T, hd]: one (G*T, hd) block per row and kv head, so the contractions are
         # plain batched matmuls (a [B, T, KV, G, hd] operand made XLA:CPU transpose inside the dot).
         qq = q.reshape(B, T, KV, G, hd).transpose(0, 2, 3, 1, 4).reshape(B, KV, G * T, hd)
+        scale = hd ** -0.5
+        causal = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]  # [T query, T key]
+        # Scores among this call's tokens: [B, KV, G, T, T].
+        chunk_scores = jnp.einsum("bkqd,bskd->bkqs", qq, k, preferred_element_type=jnp.float32)
+        chunk_scores = chunk_scores.reshape(B, KV, G, T, T) * scale
+        chunk_scores = jnp.where(causal, chunk_scores, _MASKED)
         if kv is None:
-            mask = positions[:, None, :] <= positions[:, :, None]  # [B, T, T]
-            scores = jnp.einsum("bkqd,bskd->bkqs", qq, k, preferred_element_type=jnp.float32)
-            values, value_spec, new_kv = v, "bskd", None
+            probs = jax.nn.softmax(chunk_scores, axis=-1).astype(v.dtype).reshape(B, KV, G * T, T)
+            out = jnp.einsum("bkqs,bskd->bkqd", probs, v)
+            new_kv = None
         else:
-            # Cache layouts (see Lfm2Cache): keys [B, KV, hd, S], values [B, KV, S, hd]. With these, both
-            # attention contractions reduce over a non-minor axis, which XLA:CPU vectorizes well; the
-            # [B, S, KV, hd] layout was 8-15x slower per decode step.
+            # Cache layouts (see Lfm2Cache): keys [B, KV, hd, S], values [B, KV, S, hd]; both contractions
+            # then reduce over a non-minor axis, which XLA:CPU vectorizes well (8-15x faster per decode
+            # step than [B, S, KV, hd]).
             k_cache, v_cache = kv
             S = k_cache.shape[-1]
+            cached = jnp.arange(S)[None, :] < positions[:, :1]  # [B, S]: positions before this chunk
+            old_scores = jnp.einsum("bkqd,bkds->bkqs", qq, k_cache.astype(q.dtype), preferred_element_type=jnp.float32)
+            old_scores = old_scores.reshape(B, KV, G, T, S) * scale
+            old_scores = jnp.where(cached[:, None, None, None, :], old_scores, _MASKED)
+            # One softmax over [cache, chunk] without concatenating them.
+            top = jnp.maximum(old_scores.max(-1, keepdims=True), chunk_scores.max(-1, keepdims=True))
+            old_w, chunk_w = jnp.exp(old_scores - top), jnp.exp(chunk_scores - top)
+            total = (old_w.sum(-1) + chunk_w.sum(-1)).reshape(B, KV, G * T, 1)
+            # Normalized after the products: a division per output element, not per score.
+            out = (jnp.einsum("bkqs,bksd->bkqd", old_w.astype(v.dtype).reshape(B, KV, G * T, S), v_cache.astype(v.dtype),
+                              preferred_element_type=jnp.float32)
+                   + jnp.einsum("bkqs,bskd->bkqd", chunk_w.astype(v.dtype).reshape(B, KV, G * T, T), v,
+                                preferred_element_type=jnp.float32))
+            out = (out / total).astype(v.dtype)
+            # The writes must come after the reads above, or XLA keeps the old cache alive in a copy. A
+            # data dependency orders them: the written k/v pass through a select on `out` (always true
+            # for a finite output; a row whose output is NaN/inf writes zeros instead of k/v).
+            ready = jnp.isfinite(out[:, :1, :1, :1]).reshape(B, 1, 1, 1)
+            k, v = jnp.where(ready, k, 0.0), jnp.where(ready, v, 0.0)
             write = jnp.where(jnp.arange(T)[None, :] < num_valid[:, None], positions, S)  # S: out of range, dropped
             rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
             k_cache = k_cache.at[rows, :, :, write].set(k.astype(k_cache.dtype), mode="drop")
             v_cache = v_cache.at[rows, :, write, :].set(v.astype(v_cache.dtype), mode="drop")
-            mask = jnp.arange(S)[None, None, :] <= positions[:, :, None]  # [B, T, S]
-            scores = jnp.einsum("bkqd,bkds->bkqs", qq, k_cache.astype(q.dtype), preferred_element_type=jnp.float32)
-            values, value_spec, new_kv = v_cache.astype(q.dtype), "bksd", (k_cache, v_cache)
-        scores = scores.reshape(B, KV, G, T, -1) * (hd ** -0.5)
-        scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(values.dtype).reshape(B, KV, G * T, -1)
-        out = jnp.einsum(f"bkqs,{value_spec}->bkqd", probs, values)
+            new_kv = (k_cache, v_cache)
         out = out.reshape(B, KV, G, T, hd).transpose(0, 3, 1, 2, 4).reshape(B, T, H * hd)
         return _dense(cfg, cfg.hidden_size, ("heads", "embed"), "out_proj")(out), new_kv
 

@@ -7,7 +7,7 @@ An experiment is one `ExperimentConfig`, composed of sections named as the TOML 
     [prompt]      preset: "reference", "compact" or "tiny" (`jaxrl_llm.text.PRESETS`)
     [env]         `envs.tictactoe.EnvParams` fields (reward values and weights, base max_turns)
     [sampling]    temperature, top_k, top_p, max_new_tokens (the base; GRPO stages set their own)
-    [rollout]     context_length
+    [rollout]     context_length, cache_stages
     [sft]         steps, batch_size, num_games, teacher_random_move_prob, seq_len + optimizer fields
     [[grpo]]      a list of stages: steps, num_prompts, group_size, difficulty [p_min, p_max], sampling,
                   max_turns, the GRPO loss fields (named as `jaxrl_llm.grpo.GrpoConfig`) + optimizer fields
@@ -455,13 +455,18 @@ class SamplingSection(_Section):
 
 @dataclasses.dataclass(frozen=True)
 class RolloutSection(_Section):
-    """`context_length`: positions of a game's conversation buffer and model cache."""
+    """`context_length`: positions of a game's conversation buffer and model cache. `cache_stages`: grow
+    the model cache with the conversation in this many steps (`rollout.RolloutConfig.cache_stages`;
+    attention then reads a cache sized to the turns played so far; 1 = one full-size cache)."""
 
     context_length: int = 1024
+    cache_stages: int = 1
 
     def _validate(self) -> None:
         if self.context_length < 16:
             _fail("context_length", f"must be >= 16 (got {self.context_length})")
+        if self.cache_stages < 1:
+            _fail("cache_stages", f"must be >= 1 (got {self.cache_stages})")
 
 
 _OPTIM_FIELDS = ("learning_rate", "warmup_steps", "total_steps", "schedule", "end_lr_ratio", "weight_decay",
@@ -783,12 +788,13 @@ class ExperimentConfig(_Section):
             sampling = self.sampling.to_sampling_config(stop_token_ids, pad_id, greedy=self.eval.greedy,
                                                         temperature=self.eval.temperature)
             env = dataclasses.replace(self.env, max_turns=self.eval.max_turns)
-            return RolloutConfig(context_length=self.rollout.context_length, sampling=sampling, env=env)
+            return RolloutConfig(context_length=self.rollout.context_length, sampling=sampling, env=env,
+                                 cache_stages=self.rollout.cache_stages)
         s = self.grpo[stage]
         sampling = self.sampling.to_sampling_config(stop_token_ids, pad_id, temperature=s.temperature,
                                                     max_new_tokens=s.max_new_tokens)
         return RolloutConfig(context_length=self.stage_context_length(stage), sampling=sampling,
-                             env=s.env_params(self.env))
+                             env=s.env_params(self.env), cache_stages=self.rollout.cache_stages)
 
     def _validate(self) -> None:
         max_pos = None

@@ -38,15 +38,24 @@ class RolloutConfig:
     sampling: how each reply is sampled; its `max_new_tokens` is the per-turn limit. Its stop token must
         be the tokenizer's end of turn (`<|im_end|>`), which `rollout` adds if missing.
     env: the environment's limits and reward weights (`max_turns` counts the model's replies).
+    cache_stages: the model cache grows with the conversation in this many steps. The turns are split
+        into `cache_stages` runs; during a run the cache holds only the positions its last turn can
+        reach at most (prefix + turns x (longest message + 1 + max_new_tokens), capped at
+        context_length), so attention reads a cache sized to the conversation so far instead of the
+        whole context. Each stage compiles its own copy of the turn loop; 1 keeps one full-size cache.
+        The games, tokens and log-probs do not depend on it.
     """
 
     context_length: int = 1024
     sampling: sampling.SamplingConfig = sampling.SamplingConfig(max_new_tokens=64)
     env: ttt.EnvParams = ttt.EnvParams()
+    cache_stages: int = 1
 
     def __post_init__(self):
         if self.context_length < 16:
             raise ValueError(f"RolloutConfig.context_length must be >= 16 (got {self.context_length})")
+        if not isinstance(self.cache_stages, int) or self.cache_stages < 1:
+            raise ValueError(f"RolloutConfig.cache_stages must be an integer >= 1 (got {self.cache_stages!r})")
 
 
 class Trajectory(NamedTuple):
@@ -185,6 +194,39 @@ class _Carry(NamedTuple):
     reply_truncated: jax.Array
 
 
+def cache_stage_plan(config: RolloutConfig, prefix_len: int, max_chunk: int) -> list[tuple[int, int]]:
+    """Static (end turn, cache positions) of each cache stage, in order; the last holds context_length.
+
+    A turn appends at most one chunk (`max_chunk` = longest message + 1) and one reply, so after turn t
+    (counted from 1) a conversation holds at most prefix_len + t * (max_chunk + max_new_tokens) tokens.
+    Stages that would not shrink the cache are merged into the next.
+    """
+    turns = config.env.max_turns
+    per_turn = max_chunk + config.sampling.max_new_tokens
+    n = min(config.cache_stages, turns)
+    plan: list[tuple[int, int]] = []
+    for s in range(n):
+        end = -(-(s + 1) * turns // n)
+        positions = config.context_length if s == n - 1 else min(config.context_length, prefix_len + end * per_turn)
+        if plan and plan[-1][1] == positions:
+            plan[-1] = (end, positions)
+        elif not plan or plan[-1][0] < end:
+            plan.append((end, positions))
+    return plan
+
+
+def grow_cache(cache, init_cache: Callable[[int, int], Any], batch: int, max_len: int):
+    """The same cache with room for `max_len` positions: every leaf copied to the front of a new one."""
+    bigger = init_cache(batch, max_len)
+
+    def copy(new, old):
+        if new.shape == old.shape:
+            return old
+        return jax.lax.dynamic_update_slice(new, old.astype(new.dtype), (0,) * new.ndim)
+
+    return jax.tree_util.tree_map(copy, bigger, cache)
+
+
 def _message_chunk(tables: text.TextTables, state: ttt.State, first, needs_end, send):
     """The next chunk per game: [`<|im_end|>` if the reply was cut] + the rendered user turn.
 
@@ -239,10 +281,11 @@ def rollout(
             f"({tables.max_msg}) and one reply ({n_new}); raise context_length to >= {p0 + tables.max_msg + 1 + n_new}"
         )
     tokens = jnp.full((batch, length), tables.pad_id, jnp.int32).at[:, :p0].set(prefix[None, :])
+    stages = cache_stage_plan(config, p0, tables.max_msg + 1)
     cache = None
     if model_fn is not None:
         # The system prefix is the same for every game: prefill it once, broadcast its cache.
-        one = init_cache(1, length)
+        one = init_cache(1, stages[0][1])
         _, one = model_fn(params, prefix[None, :], one, jnp.full((1,), p0, jnp.int32))
         cache = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (batch,) + x.shape[1:]), one)
 
@@ -334,7 +377,10 @@ def rollout(
     def cond(c: _Carry):
         return (c.turn < max_turns) & ~jnp.all(c.state.done)
 
-    carry = jax.lax.while_loop(cond, body, carry)
+    for i, (end_turn, _) in enumerate(stages):
+        if i > 0 and model_fn is not None:
+            carry = carry._replace(cache=grow_cache(carry.cache, init_cache, batch, stages[i][1]))
+        carry = jax.lax.while_loop(lambda c, end=end_turn: cond(c) & (c.turn < end), body, carry)
     # The last message of games that finished on the last turn played.
     send = pending_final(carry)
     chunk, chunk_len = _message_chunk(tables, carry.state, carry.turn == 0, carry.needs_end, send)

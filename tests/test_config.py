@@ -111,6 +111,8 @@ def test_stage_helpers():
     ev = c.rollout_config(None)
     assert ev.sampling.greedy and ev.env.max_turns == c.eval.max_turns
     assert c.rollout_config(0).context_length == c.rollout.context_length
+    staged = cfg.load_config(TINY, ["rollout.cache_stages=3"])
+    assert staged.rollout_config(0).cache_stages == staged.rollout_config(None).cache_stages == 3
     assert c.eval.opponent_probs() == (1.0, 0.0)
     assert c.checkpoint_dir() == "runs/tiny_test/checkpoints"
 
@@ -170,6 +172,7 @@ def test_overrides():
         ("model.dtype=float8", "model.dtype", ["bfloat16"]),
         ("prompt.preset=short", "prompt.preset", ["'compact'"]),
         ("rollout.context_length=8", "rollout.context_length", [">= 16"]),
+        ("rollout.cache_stages=0", "rollout.cache_stages", [">= 1"]),
         ("sampling.max_new_tokens=400", "sampling.max_new_tokens", ["context_length"]),
         ("grpo.1.max_new_tokens=352", "grpo.1.max_new_tokens", ["context length 352"]),
         ("sft.seq_len=100000", "sft.seq_len", ["max_position_embeddings"]),

@@ -254,6 +254,40 @@ def test_same_key_same_games(tiny_model, model_games, tok):
     assert not np.array_equal(other.tokens, traj.tokens)
 
 
+def test_cache_stages_change_nothing_but_the_cache_size(tiny_model, model_games, compact_tables):
+    """A cache grown in stages gives the same games, tokens and log-probs as one full-size cache."""
+    config, module, params = tiny_model
+    run, seeds, probs, traj, cache = model_games
+    rc = ro.RolloutConfig(context_length=448, sampling=sampling.SamplingConfig(temperature=1.0, max_new_tokens=12),
+                          cache_stages=3)
+    plan = ro.cache_stage_plan(rc, compact_tables.prefix.shape[0], compact_tables.max_msg + 1)
+    assert len(plan) >= 2 and plan[-1] == (rc.env.max_turns, 448)  # stages that reach 448 merge
+    assert [p for _, p in plan] == sorted(p for _, p in plan) and plan[0][1] < 448
+    staged = ro.make_rollout(sampling.lfm2_model_fn(module), lambda b, n: init_cache(config, b, n), compact_tables,
+                             rc, return_cache=True)
+    again, staged_cache = staged(params, seeds, probs, jax.random.PRNGKey(3))
+    np.testing.assert_array_equal(again.tokens, traj.tokens)
+    np.testing.assert_array_equal(again.outcome, traj.outcome)
+    np.testing.assert_allclose(again.logprobs, traj.logprobs, atol=1e-5)
+    assert staged_cache.max_len == cache.max_len == 448
+    np.testing.assert_array_equal(staged_cache.lengths, cache.lengths)
+
+
+def test_cache_stage_plan_covers_every_turn():
+    tables_len, chunk = 60, 80
+    for turns in (1, 2, 5, 8):
+        for stages in (1, 2, 3, 8, 20):
+            rc = ro.RolloutConfig(context_length=1024, sampling=sampling.SamplingConfig(max_new_tokens=24),
+                                  env=ttt.EnvParams(max_turns=turns), cache_stages=stages)
+            plan = ro.cache_stage_plan(rc, tables_len, chunk)
+            ends = [e for e, _ in plan]
+            assert ends == sorted(set(ends)) and ends[-1] == turns and plan[-1][1] == 1024
+            for end, positions in plan:  # each stage's cache holds what its last turn can reach
+                assert positions >= min(1024, tables_len + end * (chunk + 24))
+    with pytest.raises(ValueError, match="cache_stages"):
+        ro.RolloutConfig(cache_stages=0)
+
+
 def _opponent_replies(conversation: str) -> dict[tuple, int]:
     """From a conversation's text alone: board after each model move -> the opponent's reply."""
     board = [0] * 9

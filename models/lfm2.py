@@ -28,6 +28,7 @@ Parameter tree (Flax layouts; Dense kernels are `[in, out]`, i.e. torch's weight
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -488,11 +489,9 @@ class Attention(nn.Module):
     """GQA with q/k RMSNorm and RoPE. x [B, T, D], positions int32[B, T] -> ([B, T, D], (K, V) or None).
 
     Without `kv` (full forward) keys are this call's tokens, causal by position. With `kv` = (K [B, KV, hd, S],
-    V [B, KV, S, hd]) a query at position q attends to the cached keys (positions < lengths, the first
-    position of the chunk) and to this call's keys up to q; then the T new keys/values of row b are
-    written at `positions[b]` (entries t >= num_valid[b] are dropped). Attending before writing lets XLA
-    update the cache in place (reading it back after the write made it copy every cache buffer at every
-    decode step).
+    V [B, KV, S, hd]) the T new keys/values of row b go to `positions[b]` (entries t >= num_valid[b] are
+    dropped) and a query at position q attends to the cached keys at positions <= q. A decode step (T = 1)
+    attends to the cache and to its own key before writing it, so XLA updates the cache in place.
     """
 
     config: Lfm2Config
@@ -513,48 +512,67 @@ class Attention(nn.Module):
         # Queries as [B, KV, G*T, hd]: one (G*T, hd) block per row and kv head, so the contractions are
         # plain batched matmuls (a [B, T, KV, G, hd] operand made XLA:CPU transpose inside the dot).
         qq = q.reshape(B, T, KV, G, hd).transpose(0, 2, 3, 1, 4).reshape(B, KV, G * T, hd)
-        scale = hd ** -0.5
-        causal = jnp.arange(T)[None, :] <= jnp.arange(T)[:, None]  # [T query, T key]
-        # Scores among this call's tokens: [B, KV, G, T, T].
-        chunk_scores = jnp.einsum("bkqd,bskd->bkqs", qq, k, preferred_element_type=jnp.float32)
-        chunk_scores = chunk_scores.reshape(B, KV, G, T, T) * scale
-        chunk_scores = jnp.where(causal, chunk_scores, _MASKED)
+        # Cache layouts (see Lfm2Cache): keys [B, KV, hd, S], values [B, KV, S, hd]; both contractions then
+        # reduce over a non-minor axis, which XLA:CPU vectorizes well (8-15x faster per decode step than
+        # [B, S, KV, hd]). This call's own keys/values stay [B, T, KV, hd].
+        chunk = (k, "bskd", v, "bskd", jnp.arange(T)[None, None, :] <= jnp.arange(T)[None, :, None])  # causal
+
+        def project(out):  # [B, KV, G*T, hd] -> out_proj of [B, T, H*hd]
+            out = out.reshape(B, KV, G, T, hd).transpose(0, 3, 1, 2, 4).reshape(B, T, H * hd)
+            return _dense(cfg, cfg.hidden_size, ("heads", "embed"), "out_proj")(out)
+
         if kv is None:
-            probs = jax.nn.softmax(chunk_scores, axis=-1).astype(v.dtype).reshape(B, KV, G * T, T)
-            out = jnp.einsum("bkqs,bskd->bkqd", probs, v)
-            new_kv = None
-        else:
-            # Cache layouts (see Lfm2Cache): keys [B, KV, hd, S], values [B, KV, S, hd]; both contractions
-            # then reduce over a non-minor axis, which XLA:CPU vectorizes well (8-15x faster per decode
-            # step than [B, S, KV, hd]).
-            k_cache, v_cache = kv
-            S = k_cache.shape[-1]
-            cached = jnp.arange(S)[None, :] < positions[:, :1]  # [B, S]: positions before this chunk
-            old_scores = jnp.einsum("bkqd,bkds->bkqs", qq, k_cache.astype(q.dtype), preferred_element_type=jnp.float32)
-            old_scores = old_scores.reshape(B, KV, G, T, S) * scale
-            old_scores = jnp.where(cached[:, None, None, None, :], old_scores, _MASKED)
-            # One softmax over [cache, chunk] without concatenating them.
-            top = jnp.maximum(old_scores.max(-1, keepdims=True), chunk_scores.max(-1, keepdims=True))
-            old_w, chunk_w = jnp.exp(old_scores - top), jnp.exp(chunk_scores - top)
-            total = (old_w.sum(-1) + chunk_w.sum(-1)).reshape(B, KV, G * T, 1)
-            # Normalized after the products: a division per output element, not per score.
-            out = (jnp.einsum("bkqs,bksd->bkqd", old_w.astype(v.dtype).reshape(B, KV, G * T, S), v_cache.astype(v.dtype),
-                              preferred_element_type=jnp.float32)
-                   + jnp.einsum("bkqs,bskd->bkqd", chunk_w.astype(v.dtype).reshape(B, KV, G * T, T), v,
-                                preferred_element_type=jnp.float32))
-            out = (out / total).astype(v.dtype)
-            # The writes must come after the reads above, or XLA keeps the old cache alive in a copy. A
-            # data dependency orders them: the written k/v pass through a select on `out` (always true
-            # for a finite output; a row whose output is NaN/inf writes zeros instead of k/v).
-            ready = jnp.isfinite(out[:, :1, :1, :1]).reshape(B, 1, 1, 1)
-            k, v = jnp.where(ready, k, 0.0), jnp.where(ready, v, 0.0)
-            write = jnp.where(jnp.arange(T)[None, :] < num_valid[:, None], positions, S)  # S: out of range, dropped
-            rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
-            k_cache = k_cache.at[rows, :, :, write].set(k.astype(k_cache.dtype), mode="drop")
-            v_cache = v_cache.at[rows, :, write, :].set(v.astype(v_cache.dtype), mode="drop")
-            new_kv = (k_cache, v_cache)
-        out = out.reshape(B, KV, G, T, hd).transpose(0, 3, 1, 2, 4).reshape(B, T, H * hd)
-        return _dense(cfg, cfg.hidden_size, ("heads", "embed"), "out_proj")(out), new_kv
+            return project(_attend(qq, [chunk], (B, KV, G, T, hd))), None
+        k_cache, v_cache = kv
+        S = k_cache.shape[-1]
+        write = jnp.where(jnp.arange(T)[None, :] < num_valid[:, None], positions, S)  # S: out of range, dropped
+        rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
+
+        def written(k_cache, v_cache, k, v):
+            return (k_cache.at[rows, :, :, write].set(k.astype(k_cache.dtype), mode="drop"),
+                    v_cache.at[rows, :, write, :].set(v.astype(v_cache.dtype), mode="drop"))
+
+        if T > 1:
+            # Chunked prefill: write the chunk, then attend over the cache (one [T, S] score block).
+            k_cache, v_cache = written(k_cache, v_cache, k, v)
+            seen = jnp.arange(S)[None, None, :] <= positions[:, :, None]  # [B, T, S]
+            cache = (k_cache.astype(q.dtype), "bkds", v_cache.astype(q.dtype), "bksd", seen)
+            return project(_attend(qq, [cache], (B, KV, G, T, hd))), (k_cache, v_cache)
+        # Decode step: attend to the cached positions and to the new token, then write it. Reading the
+        # cache before writing it lets XLA update it in place; the other order made XLA copy every cache
+        # buffer at every step at batch 1. A data dependency keeps the writes after the reads: the
+        # written k/v pass through a select on the output (true unless a row's output is NaN/inf, which
+        # then writes zeros).
+        cached = jnp.arange(S)[None, None, :] < positions[:, :, None]  # [B, 1, S]
+        out = _attend(qq, [(k_cache.astype(q.dtype), "bkds", v_cache.astype(q.dtype), "bksd", cached), chunk],
+                      (B, KV, G, T, hd))
+        ready = jnp.isfinite(out[:, :1, :1, :1]).reshape(B, 1, 1, 1)
+        k_cache, v_cache = written(k_cache, v_cache, jnp.where(ready, k, 0.0), jnp.where(ready, v, 0.0))
+        return project(out), (k_cache, v_cache)
+
+
+def _attend(qq: jax.Array, blocks, shape: tuple[int, int, int, int, int]) -> jax.Array:
+    """Softmax attention over the union of key blocks, without concatenating them.
+
+    qq [B, KV, G*T, hd] (queries grouped per kv head); each block is (keys, keys' einsum spec ("bkds" for
+    [B, KV, hd, S] or "bskd" for [B, S, KV, hd]), values, values' spec ("bksd" / "bskd"), mask broadcastable
+    to [B, T, S], True where a query sees a key). shape = (B, KV, G, T, hd). Scores in float32; the
+    normalization comes after the value products (one division per output element, not per score).
+    Returns [B, KV, G*T, hd] in the values' dtype.
+    """
+    B, KV, G, T, hd = shape
+    scores = []
+    for keys, key_spec, _, _, mask in blocks:
+        sc = jnp.einsum(f"bkqd,{key_spec}->bkqs", qq, keys, preferred_element_type=jnp.float32)
+        sc = sc.reshape(B, KV, G, T, -1) * (hd ** -0.5)
+        scores.append(jnp.where(mask[:, None, None], sc, _MASKED))
+    top = functools.reduce(jnp.maximum, [sc.max(-1, keepdims=True) for sc in scores])
+    weights = [jnp.exp(sc - top) for sc in scores]
+    total = sum(w.sum(-1) for w in weights).reshape(B, KV, G * T, 1)
+    out = sum(jnp.einsum(f"bkqs,{value_spec}->bkqd", w.astype(values.dtype).reshape(B, KV, G * T, -1), values,
+                         preferred_element_type=jnp.float32)
+              for w, (_, _, values, value_spec, _) in zip(weights, blocks))
+    return (out / total).astype(blocks[0][2].dtype)
 
 
 class DecoderLayer(nn.Module):

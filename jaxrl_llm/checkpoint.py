@@ -52,7 +52,7 @@ FORMAT = "jaxrl_llm.checkpoint/1"
 STATE, META = "state", "meta"
 TMP_MARKER = ".orbax-checkpoint-tmp"  # Orbax's suffix of a save in progress
 # Architecture fields that do not change the stored arrays' shapes (a checkpoint restores across them).
-_ARCH_IGNORED = ("dtype", "param_dtype", "remat")
+_ARCH_IGNORED = ("dtype", "param_dtype", "remat", "attention_row_block")
 
 
 class CheckpointNotFoundError(FileNotFoundError):

@@ -361,6 +361,7 @@ class ModelSection(_Section):
     dtype: str | None = None
     param_dtype: str | None = None
     remat: bool | None = None
+    attention_row_block: int | None = None
 
     def overrides(self) -> dict[str, Any]:
         """The Lfm2Config fields this section sets (the non-None overrides)."""

@@ -15,8 +15,9 @@ Layout conventions
 * `active[b] = False` rows take no part: they generate nothing (`lengths = 0`) and their cache is left
   as it was.
 
-The model enters as a function `model_fn(params, tokens[B, T], cache, num_valid[B]) -> (logits[B, T, V],
-cache)`, the cached call of `models.lfm2.Lfm2ForCausalLM`; `lfm2_model_fn` builds it.
+The model enters as a function `model_fn(params, tokens[B, T], cache, num_valid[B]) -> (logits, cache)`,
+the cached call of `models.lfm2.Lfm2ForCausalLM`; `lfm2_model_fn` builds it. Only each row's last real
+logits are used, so `logits` may be [B, T, V] or just [B, 1, V] (the logits at position num_valid[b] - 1).
 """
 
 from __future__ import annotations
@@ -90,10 +91,11 @@ class SampleOutput(NamedTuple):
 
 
 def lfm2_model_fn(module) -> ModelFn:
-    """The cached call of a Flax LFM2 module as a `model_fn` for `sample`."""
+    """The cached call of a Flax LFM2 module as a `model_fn` for `sample`: logits [B, 1, V] of each row's
+    last real token (a prefill chunk computes the LM head at one position, not T)."""
 
     def model_fn(params, tokens, cache, num_valid):
-        return module.apply({"params": params}, tokens, cache=cache, num_valid=num_valid)
+        return module.apply({"params": params}, tokens, cache=cache, num_valid=num_valid, last_only=True)
 
     return model_fn
 
@@ -153,7 +155,8 @@ class _LoopState(NamedTuple):
 
 
 def last_logits(logits: jax.Array, num_valid: jax.Array) -> jax.Array:
-    """Logits at each row's last real position: float32[B, T, V], int32[B] -> float32[B, V]."""
+    """Logits at each row's last real position: float32[B, T, V], int32[B] -> float32[B, V] (logits
+    [B, 1, V] of a `last_only` call are that position's already)."""
     last = jnp.clip(num_valid - 1, 0, logits.shape[1] - 1)
     return jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0].astype(jnp.float32)
 

@@ -45,6 +45,10 @@ LAYER_TYPES = (CONV, ATTENTION)
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 _DEFAULT_THETA = 1_000_000.0
 _MASKED = float(np.finfo(np.float32).min)  # score of a masked key (finite: no NaN in empty rows)
+# Automatic attention row blocks (CPU): the float32 scores of one group of rows stay under this size.
+# Measured on a 2-core EPYC (2 MB L2, 32 MB L3): a [256, 2, 168, 1024] prefill block is 4.5x faster in
+# groups of 4 rows (5 MB) than in one op (336 MB); a [16, 2, 768, 384] full forward 4.8x in groups of 2.
+ATTENTION_BLOCK_BYTES = 6 * 2**20
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -96,6 +100,11 @@ class Lfm2Config:
     dtype: str = "float32"  # activations / matmul inputs
     param_dtype: str = "float32"  # stored parameters
     remat: bool = False  # rematerialize each decoder layer in the full forward (saves activation memory)
+    # Batch rows whose multi-token attention (prefill chunks, the full forward) is computed together, in a
+    # loop over row groups, so that their float32 score block stays in the CPU's caches. None: automatic
+    # (on the CPU backend, as many rows as fit `ATTENTION_BLOCK_BYTES`; on GPU/TPU the whole batch in one
+    # batched op); 0: the whole batch; n: n rows (the largest divisor of the batch not above n).
+    attention_row_block: int | None = None
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
@@ -127,6 +136,10 @@ class Lfm2Config:
             raise ValueError(
                 f"Lfm2Config.num_attention_heads ({self.num_attention_heads}) is not divisible by "
                 f"num_key_value_heads ({self.num_key_value_heads}); grouped-query attention needs whole groups")
+        rows = self.attention_row_block
+        if rows is not None and (not isinstance(rows, (int, np.integer)) or isinstance(rows, bool) or rows < 0):
+            raise ValueError(f"Lfm2Config.attention_row_block must be None (automatic), 0 (the whole batch) or a "
+                             f"positive number of rows, got {self.attention_row_block!r}")
         if self.norm_eps <= 0 or self.rope_theta <= 0:
             raise ValueError("Lfm2Config.norm_eps and rope_theta must be positive")
 
@@ -521,8 +534,9 @@ class Attention(nn.Module):
             out = out.reshape(B, KV, G, T, hd).transpose(0, 3, 1, 2, 4).reshape(B, T, H * hd)
             return _dense(cfg, cfg.hidden_size, ("heads", "embed"), "out_proj")(out)
 
+        row_block = attention_rows(cfg.attention_row_block, B, KV * G * T * (T if kv is None else kv[0].shape[-1]))
         if kv is None:
-            return project(_attend(qq, [chunk], (B, KV, G, T, hd))), None
+            return project(_attend(qq, [chunk], (B, KV, G, T, hd), row_block)), None
         k_cache, v_cache = kv
         S = k_cache.shape[-1]
         write = jnp.where(jnp.arange(T)[None, :] < num_valid[:, None], positions, S)  # S: out of range, dropped
@@ -537,7 +551,7 @@ class Attention(nn.Module):
             k_cache, v_cache = written(k_cache, v_cache, k, v)
             seen = jnp.arange(S)[None, None, :] <= positions[:, :, None]  # [B, T, S]
             cache = (k_cache.astype(q.dtype), "bkds", v_cache.astype(q.dtype), "bksd", seen)
-            return project(_attend(qq, [cache], (B, KV, G, T, hd))), (k_cache, v_cache)
+            return project(_attend(qq, [cache], (B, KV, G, T, hd), row_block)), (k_cache, v_cache)
         # Decode step: attend to the cached positions and to the new token, then write it. Reading the
         # cache before writing it lets XLA update it in place; the other order made XLA copy every cache
         # buffer at every step at batch 1. A data dependency keeps the writes after the reads: the
@@ -545,21 +559,62 @@ class Attention(nn.Module):
         # then writes zeros).
         cached = jnp.arange(S)[None, None, :] < positions[:, :, None]  # [B, 1, S]
         out = _attend(qq, [(k_cache.astype(q.dtype), "bkds", v_cache.astype(q.dtype), "bksd", cached), chunk],
-                      (B, KV, G, T, hd))
+                      (B, KV, G, T, hd), row_block)
         ready = jnp.isfinite(out[:, :1, :1, :1]).reshape(B, 1, 1, 1)
         k_cache, v_cache = written(k_cache, v_cache, jnp.where(ready, k, 0.0), jnp.where(ready, v, 0.0))
         return project(out), (k_cache, v_cache)
 
 
-def _attend(qq: jax.Array, blocks, shape: tuple[int, int, int, int, int]) -> jax.Array:
+def attention_rows(setting: int | None, batch: int, scores_per_row: int) -> int:
+    """Batch rows per attention group (`Lfm2Config.attention_row_block`): a divisor of `batch`.
+
+    setting None: automatic -- on the CPU backend the most rows whose float32 scores (`scores_per_row`
+    elements each) fit `ATTENTION_BLOCK_BYTES`, elsewhere the whole batch; 0: the whole batch; n: at
+    most n rows. Returns the largest divisor of `batch` not above the wanted number (at least 1).
+    """
+    if setting is None:
+        if jax.default_backend() != "cpu":
+            return batch
+        want = ATTENTION_BLOCK_BYTES // max(4 * scores_per_row, 1)
+    else:
+        want = setting or batch
+    want = max(1, min(batch, int(want)))
+    return next(d for d in range(want, 0, -1) if batch % d == 0)
+
+
+def _attend(qq: jax.Array, blocks, shape: tuple[int, int, int, int, int], rows: int | None = None) -> jax.Array:
     """Softmax attention over the union of key blocks, without concatenating them.
 
     qq [B, KV, G*T, hd] (queries grouped per kv head); each block is (keys, keys' einsum spec ("bkds" for
     [B, KV, hd, S] or "bskd" for [B, S, KV, hd]), values, values' spec ("bksd" / "bskd"), mask broadcastable
     to [B, T, S], True where a query sees a key). shape = (B, KV, G, T, hd). Scores in float32; the
     normalization comes after the value products (one division per output element, not per score).
+    rows (a divisor of B): compute `rows` batch rows at a time in a `lax.map` over contiguous groups (the
+    same values; the score block of a group stays in cache memory); None or B: all at once.
     Returns [B, KV, G*T, hd] in the values' dtype.
     """
+    B = shape[0]
+    if rows is None or rows >= B:
+        return _attend_all(qq, blocks, shape)
+    if B % rows:
+        raise ValueError(f"attention rows {rows} do not divide the batch {B}")
+    # Arrays with a batch axis are split into [B // rows, rows, ...]; broadcast ones (leading 1) stay whole.
+    arrays = [qq] + [a for keys, _, values, _, mask in blocks for a in (keys, values, mask)]
+    split = [a.shape[0] == B and B > 1 for a in arrays]
+    groups = [a.reshape((B // rows, rows) + a.shape[1:]) for a, s in zip(arrays, split) if s]
+
+    def group(parts):
+        parts = iter(parts)
+        q, *rest = [next(parts) if s else a for a, s in zip(arrays, split)]
+        blks = [(rest[3 * i], blocks[i][1], rest[3 * i + 1], blocks[i][3], rest[3 * i + 2]) for i in range(len(blocks))]
+        return _attend_all(q, blks, (rows,) + tuple(shape[1:]))
+
+    out = jax.lax.map(group, groups)
+    return out.reshape((B,) + out.shape[2:])
+
+
+def _attend_all(qq: jax.Array, blocks, shape: tuple[int, int, int, int, int]) -> jax.Array:
+    """`_attend` over the whole batch in one batched op (same arguments, no `rows`)."""
     B, KV, G, T, hd = shape
     scores = []
     for keys, key_spec, _, _, mask in blocks:
@@ -614,13 +669,16 @@ class Lfm2ForCausalLM(nn.Module):
 
     @nn.compact
     def __call__(self, tokens: jax.Array, cache: Lfm2Cache | None = None,
-                 num_valid: jax.Array | None = None) -> tuple[jax.Array, Lfm2Cache | None]:
+                 num_valid: jax.Array | None = None, last_only: bool = False) -> tuple[jax.Array, Lfm2Cache | None]:
         """tokens int32[B, T] -> (logits float32[B, T, V], new cache or None).
 
         cache None: full causal forward over positions 0..T-1 (num_valid ignored).
         cache given: row b's tokens go to positions lengths[b]..lengths[b]+T-1; only the first num_valid[b]
         (int32[B], default T) are real, advance the cache (`lengths += num_valid`, conv state = last K-1 real
         inputs) and are attended to; logits at padded slots are garbage. Needs lengths + num_valid <= max_len.
+        last_only: logits float32[B, 1, V] of each row's last real token only (position num_valid[b] - 1,
+        or T - 1 without a cache), e.g. for a prefill whose other logits are not needed (the LM head
+        then costs one position instead of T).
         """
         cfg = self.config
         B, T = tokens.shape
@@ -653,6 +711,9 @@ class Lfm2ForCausalLM(nn.Module):
                     values.append(state[1])
                 else:
                     convs.append(state)
+        if last_only:
+            last = jnp.full((B,), T - 1, jnp.int32) if num_valid is None else jnp.clip(num_valid - 1, 0, T - 1)
+            x = jnp.take_along_axis(x, last[:, None, None], axis=1)  # [B, 1, D]
         x = RMSNorm(cfg, name="embedding_norm")(x)
         if cfg.tie_word_embeddings:
             w = jnp.asarray(embed.embedding, cfg.jnp_dtype)  # [V, D]

@@ -125,6 +125,8 @@ def test_to_hf_dict_round_trips():
     (dict(num_hidden_layers=5), "layer_types has 4 entries but num_hidden_layers is 5"),
     (dict(vocab_size=0), "vocab_size must be a positive integer"),
     (dict(dtype="int8"), "unsupported dtype"),
+    (dict(attention_row_block=-1), "attention_row_block must be None"),
+    (dict(attention_row_block=True), "attention_row_block must be None"),
 ])
 def test_config_validation_errors(change, match):
     with pytest.raises(ValueError, match=match):
@@ -244,3 +246,54 @@ def test_padding_does_not_advance_cache(tiny):
     assert np.asarray(c1.lengths).tolist() == [6, 0]
     for a, b in zip(c1.conv + c1.keys + c1.values, cache.conv + cache.keys + cache.values):
         np.testing.assert_array_equal(a[1], b[1])  # row 1 had no valid token: untouched
+
+
+def test_attention_rows_picks_a_divisor_of_the_batch():
+    from models.lfm2 import ATTENTION_BLOCK_BYTES, attention_rows
+
+    assert attention_rows(0, 12, 10**9) == 12  # 0: the whole batch
+    assert attention_rows(5, 12, 1) == 4  # at most 5 rows: the largest divisor of 12 not above 5
+    assert attention_rows(7, 7, 1) == 7 and attention_rows(100, 6, 1) == 6
+    if jax.default_backend() == "cpu":  # automatic: the most rows whose float32 scores fit the budget
+        per_row = ATTENTION_BLOCK_BYTES // 16  # float32 scores of a quarter of the budget: 4 rows fit
+        assert attention_rows(None, 256, per_row) == 4
+        assert attention_rows(None, 12, per_row * 5) == 1
+        assert attention_rows(None, 256, 1) == 256  # decode-sized scores: one op
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4])
+def test_attention_row_groups_change_no_logits(tiny, rows):
+    """Full forward, chunked prefill into a cache and decode steps, computed in row groups (3 rows of a
+    batch of 8 becomes 2), give the logits of the one-op attention."""
+    _, params, _ = tiny
+    B, T, P = 8, 12, 7
+    tokens = jax.random.randint(jax.random.PRNGKey(5), (B, T), 0, TINY.vocab_size)
+    num_valid = jnp.arange(B, dtype=jnp.int32) % P + 1
+
+    def run(cfg):
+        module = Lfm2ForCausalLM(cfg)
+        full, _ = module.apply({"params": params}, tokens)
+        cache = init_cache(cfg, B, 24)
+        pre, cache = module.apply({"params": params}, tokens[:, :P], cache, num_valid)
+        step, cache = module.apply({"params": params}, tokens[:, P:P + 1], cache)
+        return full, pre, step
+
+    whole = jax.jit(lambda: run(dataclasses.replace(TINY, attention_row_block=0)))()
+    grouped = jax.jit(lambda: run(dataclasses.replace(TINY, attention_row_block=rows)))()
+    for a, b in zip(grouped, whole):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_last_only_logits_are_the_last_real_positions(tiny):
+    module, params, full = tiny
+    B, T = 3, 9
+    tokens = jax.random.randint(jax.random.PRNGKey(6), (B, T), 0, TINY.vocab_size)
+    num_valid = jnp.array([9, 4, 1], jnp.int32)
+    every, c_every = module.apply({"params": params}, tokens, init_cache(TINY, B, 16), num_valid)
+    last, c_last = module.apply({"params": params}, tokens, init_cache(TINY, B, 16), num_valid, last_only=True)
+    assert last.shape == (B, 1, TINY.vocab_size)
+    np.testing.assert_allclose(last[:, 0], every[jnp.arange(B), num_valid - 1], rtol=1e-6, atol=1e-6)
+    for a, b in zip(jax.tree_util.tree_leaves(c_last), jax.tree_util.tree_leaves(c_every)):
+        np.testing.assert_array_equal(a, b)
+    no_cache, _ = module.apply({"params": params}, tokens, last_only=True)  # without a cache: position T - 1
+    np.testing.assert_allclose(no_cache[:, 0], full(params, tokens)[:, -1], rtol=1e-6, atol=1e-6)

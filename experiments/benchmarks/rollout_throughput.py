@@ -96,8 +96,9 @@ class HostGame:
             self.done = True
 
 
-def host_loop(tok, preset, module, config, params, seeds, probs, key, reprefill: bool) -> int:
-    """Plays the batch with Python between turns; returns the number of games finished."""
+def host_loop(tok, preset, module, config, params, seeds, probs, key, reprefill: bool) -> float:
+    """Plays the batch with Python between turns; returns the seconds spent in the model (the sampler
+    calls, up to the replies on the host); the rest of the wall time is the host's Python work."""
     batch = len(seeds)
     games = [HostGame(int(s), float(p)) for s, p in zip(seeds, probs)]
     eos = tok.convert_tokens_to_ids("<|im_end|>")
@@ -106,6 +107,7 @@ def host_loop(tok, preset, module, config, params, seeds, probs, key, reprefill:
     system = text.system_prompt(preset)
     conversations = [[{"role": "system", "content": system}] for _ in games]
     cache = init_cache(config, batch, CONTEXT)
+    model_s = 0.0
     for turn in range(MAX_TURNS):
         active = np.array([not g.done for g in games])
         if not active.any():
@@ -130,29 +132,34 @@ def host_loop(tok, preset, module, config, params, seeds, probs, key, reprefill:
         if reprefill:
             cache = init_cache(config, batch, CONTEXT)
         key, sub = jax.random.split(key)
+        t0 = time.perf_counter()
         out = sampler(params, jnp.asarray(prompt), jnp.asarray(lengths), cache, sub, jnp.asarray(active))
         cache = out.cache
         tokens, n = np.asarray(out.tokens), np.asarray(out.lengths)
+        model_s += time.perf_counter() - t0
         replies = tok.batch_decode([tokens[b, : n[b]].tolist() for b in range(batch)], skip_special_tokens=True)
         for b, (g, conv) in enumerate(zip(games, conversations)):
             if active[b]:
                 conv.append({"role": "assistant", "content": replies[b]})
                 g.reply(replies[b])
                 FORMAT_RE.search(replies[b])
-    return sum(g.done for g in games)
+    return model_s
 
 
 host_loop.samplers = {}
 
 
-def timed(fn, repeats: int) -> float:
+def timed(fn, repeats: int) -> tuple[float, object]:
+    """(best wall time of `repeats` calls after a warm-up call, what the best call returned)."""
     fn()  # compile and warm up
-    best = float("inf")
+    best, result = float("inf"), None
     for _ in range(repeats):
         t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+        out = fn()
+        elapsed = time.perf_counter() - t
+        if elapsed < best:
+            best, result = elapsed, out
+    return best, result
 
 
 def main() -> None:
@@ -193,13 +200,14 @@ def main() -> None:
         probs = rng.uniform(0.0, 1.0, size=batch).astype(np.float32)
         key = jax.random.PRNGKey(1)
         s, p = jnp.asarray(seeds), jnp.asarray(probs)
-        ours = timed(lambda: jax.block_until_ready(run(params, s, p, key)), args.repeats)
-        ours_one_cache = timed(lambda: jax.block_until_ready(run_one_cache(params, s, p, key)), args.repeats)
+        ours, _ = timed(lambda: jax.block_until_ready(run(params, s, p, key)), args.repeats)
+        ours_one_cache, _ = timed(lambda: jax.block_until_ready(run_one_cache(params, s, p, key)), args.repeats)
         traj = jax.device_get(run(params, s, p, key))
-        cached = timed(lambda: host_loop(tok, preset, module, config, params, seeds, probs, key, False), 1)
-        reprefill = float("nan")
+        cached, cached_model = timed(lambda: host_loop(tok, preset, module, config, params, seeds, probs, key, False), 1)
+        reprefill, reprefill_model = float("nan"), float("nan")
         if batch <= args.reprefill_max_batch:
-            reprefill = timed(lambda: host_loop(tok, preset, module, config, params, seeds, probs, key, True), 1)
+            reprefill, reprefill_model = timed(
+                lambda: host_loop(tok, preset, module, config, params, seeds, probs, key, True), 1)
         row = {
             "batch": batch,
             "ours_games_per_s": batch / ours,
@@ -208,6 +216,10 @@ def main() -> None:
             "host_reprefill_games_per_s": batch / reprefill,
             "ratio_vs_cached": cached / ours,
             "ratio_vs_reprefill": reprefill / ours,
+            # The peers' wall time outside the model calls: rendering, tokenizing, decoding, parsing, the game.
+            "host_cached_python_s": cached - cached_model,
+            "host_cached_python_share": (cached - cached_model) / cached,
+            "host_reprefill_python_s": reprefill - reprefill_model,
             "ours_mean_turns": float(np.mean(traj.turns)),
             "ours_mean_reply_tokens": float(np.asarray(traj.reply_lengths).sum() / max(np.asarray(traj.turns).sum(), 1)),
         }
@@ -218,8 +230,11 @@ def main() -> None:
             f"{row['host_reprefill_games_per_s']:14.1f} | {row['ratio_vs_cached']:8.1f} | {row['ratio_vs_reprefill']:11.1f}",
             flush=True,
         )
+        print(f"{'':>6}   host-cached: {row['host_cached_python_s']:.2f} s of {cached:.2f} s in Python "
+              f"({100 * row['host_cached_python_share']:.0f} %), the rest in the model; ours: {ours:.2f} s in all",
+              flush=True)
         if reprefill != reprefill:  # NaN is not JSON
-            row["host_reprefill_games_per_s"] = row["ratio_vs_reprefill"] = None
+            row["host_reprefill_games_per_s"] = row["ratio_vs_reprefill"] = row["host_reprefill_python_s"] = None
     print(json.dumps({"benchmark": "rollout_throughput", "params": n_params, "max_turns": MAX_TURNS,
                       "max_new_tokens": MAX_NEW, "context": CONTEXT, "cache_stages": CACHE_STAGES, "rows": rows}))
 

@@ -711,7 +711,7 @@ class Lfm2ForCausalLM(nn.Module):
                     values.append(state[1])
                 else:
                     convs.append(state)
-        if last_only:
+        if last_only and T > 1:  # (with T = 1 the logits are that position's already: no extra op)
             last = jnp.full((B,), T - 1, jnp.int32) if num_valid is None else jnp.clip(num_valid - 1, 0, T - 1)
             x = jnp.take_along_axis(x, last[:, None, None], axis=1)  # [B, 1, D]
         x = RMSNorm(cfg, name="embedding_norm")(x)

@@ -14,7 +14,9 @@ parses them with `re`, and plays the game and the minimax opponent in plain Pyth
 Both sides play full games (compact preset, max 8 turns, at most 24 new tokens a turn) of the ~5M LFM2
 config (random weights, the project tokenizer) from the same seeds; the figure is complete games per
 second. Ours runs twice: with `cache_stages=4` (the cache grows with the conversation; the ratios use
-this one) and with one full-size cache like the peers (`ours_one_cache_games_per_s`). The last line
+this one) and with one full-size cache like the peers (`ours_one_cache_games_per_s`). For the peers the
+time outside the model calls (their Python work) is reported too (`host_cached_python_s`, `_share`): it
+bounds what any one-program rollout can gain over a host loop with the same model. The last line
 printed is one JSON object.
 
     python experiments/benchmarks/rollout_throughput.py            # batches 64, 256, 1024

@@ -1,0 +1,15 @@
+"""Pure, jittable text environments and their registry.
+
+    import envs
+    env = envs.make("tictactoe", prompt="tiny")      # an envs.core.Env; env.params its Params
+    envs.register("my_env", MyEnv)                   # any Env subclass, then envs.make("my_env", ...)
+
+The protocol is `envs.core` (read its docstring); built-in environments: tictactoe.
+"""
+
+from envs.core import (  # noqa: F401
+    CONTENT_KINDS, Env, Episode, EvalSetting, HumanPlay, MessageFamily, MessageSpec, ParsedReply, ReplyGrammar,
+    RubricPart, Slot, env_class, make, register, registered, weighted_reward,
+)
+
+register("tictactoe", "envs.tictactoe.env:TicTacToe")

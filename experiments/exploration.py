@@ -36,26 +36,25 @@ def sweep(config_path: str, checkpoint: str | None, temperatures, probs, games: 
     config = load_config(config_path, overrides)
     comp = build(config)
     params = policy_params(config, comp, checkpoint)
-    base = comp.rollout_config(None)
+    base = config.eval.sampling
     examples = games // group
     key = jax.random.PRNGKey(config.run.seed + 11)
     rows = []
     for t_index, temperature in enumerate(temperatures):
-        sampling = dataclasses.replace(base.sampling, greedy=temperature == 0.0, temperature=max(temperature, 1e-3))
-        run = ro.make_rollout(comp.model_fn, comp.init_cache, comp.tables, dataclasses.replace(base, sampling=sampling))
+        sampling = dataclasses.replace(base, greedy=temperature == 0.0, temperature=max(temperature, 1e-3))
+        run = ro.make_rollout(comp.env, comp.model_fn, comp.init_cache, comp.tables, config.eval.rollout,
+                              comp.sampling_config(sampling))
         for p_index, p in enumerate(probs):
             k_seed, k_play = jax.random.split(jax.random.fold_in(key, 1000 * t_index + p_index))
             seeds = jnp.repeat(jax.random.bits(k_seed, (examples,), jnp.uint32), group)
             start = time.perf_counter()
-            traj = jax.device_get(run(params, seeds, jnp.full((examples * group,), p, jnp.float32), k_play))
+            games_ex = ttt.Example(seeds, jnp.full((examples * group,), p, jnp.float32))
+            traj = jax.device_get(run(params, games_ex, k_play))
             reward = np.asarray(traj.reward).reshape(examples, group)
-            outcome = np.asarray(traj.outcome)
             rows.append({
-                "temperature": float(temperature), "p": float(p), "games": int(outcome.size),
+                "temperature": float(temperature), "p": float(p), "games": int(reward.size),
                 "reward": float(reward.mean()), "group_std": float(reward.std(axis=1).mean()),
-                "win": float(np.mean(outcome == ttt.OUTCOME_WIN)), "draw": float(np.mean(outcome == ttt.OUTCOME_DRAW)),
-                "loss": float(np.mean(outcome == ttt.OUTCOME_LOSS)),
-                "invalid": float(np.mean(np.asarray(traj.invalid_moves) > 0)),
+                **{k: float(np.mean(traj.metrics[k])) for k in ("win", "draw", "loss", "invalid")},
                 "seconds": time.perf_counter() - start,
             })
             r = rows[-1]

@@ -181,7 +181,9 @@ def _config_meta(config: Any) -> dict[str, Any]:
     if config is None:
         return {}
     if isinstance(config, ExperimentConfig):
-        out: dict[str, Any] = {"config": config_to_dict(config), "config_toml": dump_config(config)}
+        out: dict[str, Any] = {"config": config_to_dict(config), "config_toml": dump_config(config),
+                               "env": {"name": config.env.name, "params": config_to_dict(config.env.params)
+                                       if config.env.params is not None else {}}}
         try:
             out["model"] = _jsonable(dataclasses.asdict(config.model.lfm2_config()))
         except (OSError, ValueError):  # init_from not readable here: compare the model section instead
@@ -324,10 +326,23 @@ class Checkpointer:
         return tree, _flatten_metadata(tree)
 
     def check_config(self, expected: Any, step: int | None = None) -> None:
-        """Raises CheckpointMismatchError naming each model field where the stored config differs from
-        `expected` (an ExperimentConfig): the resolved architecture (dtypes and remat may differ)."""
+        """Raises CheckpointMismatchError naming each field where the stored config differs from `expected`
+        (an ExperimentConfig): the env (name and params) and the resolved architecture (dtypes and remat
+        may differ)."""
         meta = self.metadata(step)
         mine = _config_meta(expected)
+        if "env" in meta and "env" in mine:
+            have_env, want_env = meta["env"], mine["env"]
+            if have_env.get("name") != want_env.get("name"):
+                raise CheckpointMismatchError(
+                    f"checkpoint {str(self.directory)!r} step {meta.get('step')} was trained on env "
+                    f"{have_env.get('name')!r} but the config uses env {want_env.get('name')!r}: use the preset it "
+                    "was trained with, or another checkpoint.dir / run.output_dir")
+            diffs = _diff(have_env.get("params", {}), want_env.get("params", {}), "env.params")
+            if diffs:
+                raise CheckpointMismatchError(
+                    f"checkpoint {str(self.directory)!r} step {meta.get('step')} was trained on env "
+                    f"{want_env.get('name')!r} with other params: " + "; ".join(diffs))
         if "model" in meta and "model" in mine:
             have = {k: v for k, v in meta["model"].items() if k not in _ARCH_IGNORED}
             want = {k: v for k, v in mine["model"].items() if k not in _ARCH_IGNORED}

@@ -1,31 +1,32 @@
-"""Experiment configuration: frozen dataclasses loaded from TOML, validated before anything compiles.
+"""Experiment configuration: TOML presets loaded into the real config dataclasses, validated before anything compiles.
 
-An experiment is one `ExperimentConfig`, composed of sections named as the TOML tables:
+An experiment is one `ExperimentConfig`. Each TOML table is the dataclass that uses it (one dataclass per
+concept, no mirrors here):
 
-    [model]       architecture: a preset of `models.lfm2.PRESETS` or an HF folder (`init_from`), overrides
-    [tokenizer]   path (absent = the project's own tokenizer)
-    [prompt]      preset: "reference", "compact" or "tiny" (`jaxrl_llm.text.PRESETS`)
-    [env]         `envs.tictactoe.EnvParams` fields (reward values and weights, base max_turns)
-    [sampling]    temperature, top_k, top_p, max_new_tokens (the base; GRPO stages set their own)
-    [rollout]     context_length, cache_stages
-    [sft]         steps, batch_size, num_games, teacher_random_move_prob, seq_len + optimizer fields
-    [[grpo]]      a list of stages: steps, num_prompts, group_size, difficulty [p_min, p_max], sampling,
-                  max_turns, the GRPO loss fields (named as `jaxrl_llm.grpo.GrpoConfig`) + optimizer fields
-    [eval]        num_games, max_turns, opponents, greedy / temperature
-    [checkpoint]  dir, keep, every_steps, async_save, resume
-    [mesh]        data, fsdp axis sizes (-1 = all remaining devices)
-    [run]         output_dir, seed, log_every, sample_every
+    [model]            preset (a name of `models.lfm2.PRESETS`) or init_from (an HF folder), plus any
+                       `models.lfm2.Lfm2Config` field as an override            -> ModelSection
+    [tokenizer]        path (absent = the project's own tokenizer)              -> TokenizerSection
+    [env]              name (a registered env, `envs.make`)                     -> EnvSection
+      [env.params]     the env's `Params` (e.g. Tic-Tac-Toe's prompt and rubric)
+    [sampling]         `generate.SamplingConfig` (the base for stages and evaluation)
+    [rollout]          `rollout.RolloutConfig`: context_length, max_turns, cache_stages (the base)
+    [sft]              `algos.sft.SftConfig`; [sft.optim] `algos.optim.OptimConfig`; [sft.teacher] the env's `Teacher`
+    [[grpo]]           GrpoStage: steps, num_prompts, group_size; [grpo.curriculum] the env's `Stage`;
+                       [grpo.sampling] / [grpo.rollout] override the base key by key; [grpo.loss]
+                       `algos.grpo.GrpoConfig`; [grpo.optim] `algos.optim.OptimConfig`
+    [eval]             num_games, settings (names of the env's evaluation settings), every_steps;
+                       [eval.sampling] (over the base, greedy by default) and [eval.rollout] likewise
+    [checkpoint]       dir, keep, every_steps, async_save, resume
+    [mesh]             data, fsdp axis sizes (-1 = all remaining devices)
+    [run]              output_dir, seed, log_every, sample_every
 
-Every section is a frozen, hashable dataclass (tuples, never lists), so a section can be a static jit
-argument. The optimizer fields of `[sft]` and of each `[[grpo]]` stage are flat in the TOML table
-(`sft.learning_rate`, `grpo.0.learning_rate`); `section.optim` builds the `optim.OptimConfig`.
+Every dataclass checks its own fields (`jaxrl_llm.checks`); the loader only reads TOML into them: an
+unknown key (with the closest valid key), a wrong type (field, expected type, the value got) or a value
+a check refuses raises `ConfigError` (a ValueError) naming the whole key path. Fields whose type belongs
+to the env (`checks.EnvBound`) are built once `[env] name` is known. `dump_config` writes the TOML text
+that loads back to an equal config (a checkpoint stores it; a run is reproduced from it).
 
-Loading (`load_config(path, ["grpo.0.learning_rate=3e-5", ...])`) checks every key and value and raises
-`ConfigError` (a ValueError) naming the TOML key path: an unknown key (with the closest valid key), a
-wrong type (field, expected type, the value got) or an out-of-range value. `dump_config` writes the TOML
-text that loads back to an equal config (a checkpoint stores it; a run is reproduced from it).
-
-Optional fields (`X | None`) always default to None, which TOML writes by leaving the key out.
+Optional fields (`X | None`) default to None, which TOML writes by leaving the key out.
 """
 
 from __future__ import annotations
@@ -42,11 +43,16 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
 import numpy as np
 
-from envs.tictactoe import EnvParams
+from jaxrl_llm.algos.grpo import GrpoConfig
+from jaxrl_llm.algos.optim import OptimConfig
+from jaxrl_llm.algos.sft import SftConfig
+from jaxrl_llm.checks import ConfigError, EnvBound, check_choice, check_int, check_str
+from jaxrl_llm.generate.sampler import SamplingConfig
+from jaxrl_llm.rollout.rollout import RolloutConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -57,10 +63,7 @@ __all__ = [
     "ConfigError",
     "ModelSection",
     "TokenizerSection",
-    "PromptSection",
-    "SamplingSection",
-    "RolloutSection",
-    "SftSection",
+    "EnvSection",
     "GrpoStage",
     "EvalSection",
     "CheckpointSection",
@@ -74,46 +77,9 @@ __all__ = [
     "dump_config",
     "apply_overrides",
     "parse_override",
-    "OPPONENTS",
-    "LOSS_TYPES",
-    "SCALE_REWARDS",
 ]
 
-# Values accepted by jaxrl_llm.grpo.GrpoConfig (kept in step with it; grpo.py is not imported here).
-LOSS_TYPES = ("token-mean", "sequence-mean-token-mean", "dr-grpo")
-SCALE_REWARDS = ("group", "none")
-# Evaluation opponents by name -> the opponent's random_move_prob.
-OPPONENTS: dict[str, float] = {"random": 1.0, "optimal": 0.0}
-SCHEDULES = ("cosine", "linear", "constant")
 DTYPES = ("float32", "bfloat16", "float16")
-PROMPT_PRESETS = ("reference", "compact", "tiny")  # jaxrl_llm.text.PRESETS (checked against it when importable)
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Errors
-# ----------------------------------------------------------------------------------------------------------
-
-
-class ConfigError(ValueError):
-    """An invalid configuration; `path` is the TOML key path (e.g. ("grpo", "0", "temperature"))."""
-
-    def __init__(self, reason: str, path: Sequence[str | int] = ()):
-        self.reason = reason
-        self.path = tuple(str(p) for p in path)
-        super().__init__(f"{'.'.join(self.path)}: {reason}" if self.path else reason)
-
-    @property
-    def key(self) -> str:
-        """The dotted key path, e.g. "grpo.0.temperature" ("" for the whole config)."""
-        return ".".join(self.path)
-
-    def prefixed(self, *prefix: str | int) -> ConfigError:
-        """The same error one or more levels further out."""
-        return ConfigError(self.reason, (*prefix, *self.path))
-
-
-def _fail(field: str, reason: str) -> None:
-    raise ConfigError(reason, (field,))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -125,7 +91,7 @@ _HINTS: dict[type, dict[str, Any]] = {}
 
 def _hints(cls: type) -> dict[str, Any]:
     if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls)
+        _HINTS[cls] = typing.get_type_hints(cls, include_extras=True)
     return _HINTS[cls]
 
 
@@ -152,6 +118,12 @@ def _is_union(tp: Any) -> bool:
     return typing.get_origin(tp) in (Union, types.UnionType)
 
 
+def _env_bound(tp: Any) -> EnvBound | None:
+    if typing.get_origin(tp) is Annotated:
+        return next((m for m in tp.__metadata__ if isinstance(m, EnvBound)), None)
+    return None
+
+
 def _type_name(tp: Any) -> str:
     if tp is bool:
         return "a boolean"
@@ -161,23 +133,28 @@ def _type_name(tp: Any) -> str:
         return "a float"
     if tp is str:
         return "a string"
-    if dataclasses.is_dataclass(tp):
+    if dataclasses.is_dataclass(tp) or _env_bound(tp):
         return "a table"
     if typing.get_origin(tp) is tuple:
         args = typing.get_args(tp)
+        if args and dataclasses.is_dataclass(args[0]):
+            return "an array of tables"
         inner = _type_name(args[0]).split(" ", 1)[1] if args else "value"
-        return f"an array of {inner}s" if not dataclasses.is_dataclass(args[0]) else "an array of tables"
+        return f"an array of {inner}s"
     if _is_union(tp):
-        parts = [_type_name(a) for a in typing.get_args(tp) if a is not type(None)]
-        return " or ".join(parts)
+        return " or ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None))
     return getattr(tp, "__name__", str(tp))
 
 
-def _coerce(value: Any, tp: Any) -> Any:
+def _coerce(value: Any, tp: Any, env_cls: type | None) -> Any:
     """Checks `value` against annotation `tp`; returns it normalised (int -> float, list -> tuple, table ->
-    dataclass). Raises ConfigError (path relative to the value)."""
+    dataclass). env_cls: the experiment's env class, for `EnvBound` fields. Raises ConfigError (path
+    relative to the value)."""
     if tp is Any:
         return value
+    bound = _env_bound(tp)
+    if bound is not None:
+        return _coerce_env_bound(value, bound, env_cls)
     if _is_union(tp):
         args = typing.get_args(tp)
         if value is None and type(None) in args:
@@ -185,7 +162,7 @@ def _coerce(value: Any, tp: Any) -> Any:
         errors = []
         for arg in (a for a in args if a is not type(None)):
             try:
-                return _coerce(value, arg)
+                return _coerce(value, arg, env_cls)
             except ConfigError as e:
                 errors.append(e)
         if len(errors) == 1:
@@ -199,12 +176,12 @@ def _coerce(value: Any, tp: Any) -> Any:
         out = []
         for i, v in enumerate(value):
             try:
-                out.append(_coerce(v, item))
+                out.append(_coerce(v, item, env_cls))
             except ConfigError as e:
                 raise e.prefixed(i) from None
         return tuple(out)
     if dataclasses.is_dataclass(tp):
-        return _build(tp, value)
+        return _build(tp, value, env_cls)
     if tp is bool:
         if isinstance(value, (bool, np.bool_)):
             return bool(value)
@@ -222,24 +199,51 @@ def _coerce(value: Any, tp: Any) -> Any:
     raise ConfigError(f"expected {_type_name(tp)}, got {_toml_type(value)}")
 
 
+def _coerce_env_bound(value: Any, bound: EnvBound, env_cls: type | None) -> Any:
+    """A field whose type is the env's `Params` / `Stage` / `Teacher`: None -> its default, a table -> built."""
+    cls = getattr(env_cls, bound.attr, None) if env_cls is not None else None
+    if cls is None or cls is type(None):
+        if env_cls is None:  # constructed in Python without the env: only instances (or None) can be checked later
+            if value is None or dataclasses.is_dataclass(value):
+                return value
+            raise ConfigError(f"a table here needs the env: build the whole ExperimentConfig (from TOML), or pass "
+                              f"the env's {bound.attr} instance")
+        if value is None:
+            return None
+        raise ConfigError(f"env {env_cls.name!r} has no {bound.attr}; remove this table")
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if dataclasses.is_dataclass(value):
+        raise ConfigError(f"expected the {bound.attr} of env {env_cls.name!r}, got {type(value).__name__}")
+    return _build(cls, value, env_cls)
+
+
 def _init_fields(cls: type) -> list[dataclasses.Field]:
-    return [f for f in dataclasses.fields(cls) if f.init]
+    return [f for f in dataclasses.fields(cls) if f.init and f.metadata.get("toml", True)]
 
 
 def _unknown_key(cls: type, key: str) -> ConfigError:
     names = [f.name for f in _init_fields(cls)]
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
-    elsewhere = sorted({k for k in _all_keys(ExperimentConfig) if k.rsplit(".", 1)[-1] == key})
+    everywhere = _all_keys(ExperimentConfig)
+    elsewhere = sorted({k for k in everywhere if k.rsplit(".", 1)[-1] == key})
     hint = f"; did you mean {close[0]!r}?" if close else ""
     if elsewhere:
-        hint += f" ({key!r} is a key of {', '.join(k.rsplit('.', 1)[0] for k in elsewhere)})"
+        hint += f" ({key!r} is a key of another table: {', '.join(elsewhere)})"
+    if not close and not elsewhere:  # a typo of a key that lives in another table
+        near = difflib.get_close_matches(key, sorted({k.rsplit(".", 1)[-1] for k in everywhere}), n=1, cutoff=0.75)
+        if near:
+            hint += f" (did you mean {near[0]!r}, a key of another table: " + ", ".join(
+                k for k in everywhere if k.rsplit(".", 1)[-1] == near[0]) + "?)"
     if not close:
         hint += f"; valid keys here: {', '.join(names)}"
     return ConfigError(f"unknown key {key!r}{hint}", (key,))
 
 
 def _all_keys(cls: type, prefix: str = "") -> list[str]:
-    """Every dotted key of a section class (GRPO stages as "grpo.N.<key>")."""
+    """Every dotted key of a section class (GRPO stages as "grpo.N.<key>"; env-bound tables not expanded)."""
     keys = []
     hints = _hints(cls)
     for f in _init_fields(cls):
@@ -254,15 +258,14 @@ def _all_keys(cls: type, prefix: str = "") -> list[str]:
     return keys
 
 
-_FOREIGN_FIELD = re.compile(r"^\s*[A-Za-z_]\w*\.(\w+)")
-
-
-def _build(cls: type, data: Any) -> Any:
+def _build(cls: type, data: Any, env_cls: type | None = None) -> Any:
     """A table (Mapping) -> an instance of dataclass `cls`, every key and value checked."""
     if isinstance(data, cls):
         return data
     if not isinstance(data, Mapping):
         raise ConfigError(f"expected a table, got {_toml_type(data)}")
+    if hasattr(cls, "_from_table"):
+        return cls._from_table(data, env_cls)
     names = {f.name for f in _init_fields(cls)}
     hints = _hints(cls)
     kwargs = {}
@@ -270,62 +273,33 @@ def _build(cls: type, data: Any) -> Any:
         if key not in names:
             raise _unknown_key(cls, str(key))
         try:
-            kwargs[key] = _coerce(value, hints[key])
+            kwargs[key] = _coerce(value, hints[key], env_cls)
         except ConfigError as e:
             raise e.prefixed(key) from None
     try:
         return cls(**kwargs)
-    except ConfigError:
-        raise
-    except (ValueError, TypeError) as e:  # a class of another module (EnvParams): find the field it names
-        match = _FOREIGN_FIELD.match(str(e))
-        field = match.group(1) if match and match.group(1) in names else None
-        raise ConfigError(str(e), (field,) if field else ()) from None
+    except ConfigError as e:
+        raise ConfigError(e.reason, e.path) from None  # the path says where: drop the class name
+    except (ValueError, TypeError) as e:  # a check that does not raise ConfigError: name the class
+        raise ConfigError(f"{cls.__name__}: {e}") from None
 
 
 @dataclasses.dataclass(frozen=True)
 class _Section:
-    """Base of the sections: checks/coerces every field against its annotation, then `_validate`."""
+    """Base of the config-only sections: checks/coerces every field against its annotation, then `_validate`."""
 
     def __post_init__(self) -> None:
         hints = _hints(type(self))
         for f in _init_fields(type(self)):
             try:
-                value = _coerce(getattr(self, f.name), hints[f.name])
+                value = _coerce(getattr(self, f.name), hints[f.name], None)
             except ConfigError as e:
-                raise e.prefixed(f.name) from None
+                raise ConfigError(e.reason, (f.name, *e.path), type(self).__name__) from None
             object.__setattr__(self, f.name, value)
         self._validate()
 
     def _validate(self) -> None:
         pass
-
-
-def _positive(section: Any, *names: str) -> None:
-    for name in names:
-        if getattr(section, name) < 1:
-            _fail(name, f"must be >= 1 (got {getattr(section, name)})")
-
-
-def _non_negative(section: Any, *names: str) -> None:
-    for name in names:
-        if getattr(section, name) < 0:
-            _fail(name, f"must be >= 0 (got {getattr(section, name)})")
-
-
-def _probability(section: Any, *names: str) -> None:
-    for name in names:
-        value = getattr(section, name)
-        if not 0.0 <= value <= 1.0:
-            _fail(name, f"must be a probability in [0, 1] (got {value})")
-
-
-def _choice(section: Any, name: str, choices: Sequence[str]) -> None:
-    value = getattr(section, name)
-    if value not in choices:
-        close = difflib.get_close_matches(str(value), list(choices), n=1, cutoff=0.5)
-        hint = f"; did you mean {close[0]!r}?" if close else ""
-        _fail(name, f"must be one of {', '.join(map(repr, choices))} (got {value!r}){hint}")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -343,353 +317,216 @@ _SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_l
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelSection(_Section):
+class ModelSection:
     """The model: `preset` (a name of `models.lfm2.PRESETS`) or, when set, `init_from` (a Hugging Face
     LFM2 folder: architecture from its config.json, weights loaded from it; `preset` is then unused).
-    Every other field, when set, overrides the architecture's value."""
+    `arch` holds the `Lfm2Config` fields the TOML table sets besides those two (written flat in `[model]`,
+    e.g. `hidden_size = 128`); each overrides the architecture's value."""
 
     preset: str = "tiny"
     init_from: str | None = None
-    vocab_size: int | None = None
-    hidden_size: int | None = None
-    intermediate_size: int | None = None
-    num_hidden_layers: int | None = None
-    num_attention_heads: int | None = None
-    num_key_value_heads: int | None = None
-    layer_types: tuple[str, ...] | None = None
-    max_position_embeddings: int | None = None
-    dtype: str | None = None
-    param_dtype: str | None = None
-    remat: bool | None = None
-    attention_row_block: int | None = None
+    arch: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        from models import lfm2
+
+        check_str(self, "preset")
+        if self.init_from is not None:
+            check_str(self, "init_from")
+        arch = dict(self.arch)
+        if len(arch) != len(self.arch):
+            raise ConfigError("sets a field twice", ("arch",), "ModelSection")
+        for name in arch:
+            if name in ("preset", "init_from") or name not in _lfm2_hints():
+                raise _unknown_model_key(name)
+        object.__setattr__(self, "arch", tuple(sorted(arch.items(), key=lambda kv: list(_lfm2_hints()).index(kv[0]))))
+        if self.init_from is None:
+            check_choice(self, "preset", tuple(lfm2.PRESETS))
+        for name in ("dtype", "param_dtype"):
+            if arch.get(name) is not None and arch[name] not in DTYPES:
+                raise ConfigError(f"must be one of {', '.join(map(repr, DTYPES))} (got {arch[name]!r})", (name,))
+        for i, kind in enumerate(arch.get("layer_types") or ()):
+            if kind not in lfm2.LAYER_TYPES:
+                raise ConfigError(f"unknown layer type {kind!r}; use 'conv' or 'full_attention'", ("layer_types", i))
+        if self.init_from is None:  # the architecture is known now: check it (no file access, no compile)
+            try:
+                self.lfm2_config()
+            except ConfigError:
+                raise
+            except ValueError as e:
+                named = re.findall(r"\w+", str(e))
+                field = next((n for n in named if n in arch), None)
+                raise ConfigError(f"{e} (preset {self.preset!r} with the overrides)", (field,) if field else ()) from None
+
+    def __getattr__(self, name: str) -> Any:
+        """`model.hidden_size` etc.: the override this section sets for an Lfm2Config field (None if unset)."""
+        if name.startswith("_") or name == "arch" or name not in _lfm2_hints():
+            raise AttributeError(f"ModelSection has no attribute {name!r}")
+        return dict(self.arch).get(name)
+
+    @classmethod
+    def of(cls, preset: str = "tiny", init_from: str | None = None, **overrides: Any) -> "ModelSection":
+        """ModelSection.of("cpu-5m", hidden_size=128): the keyword form of the `[model]` table."""
+        return cls(preset=preset, init_from=init_from, arch=tuple(overrides.items()))
+
+    @classmethod
+    def _from_table(cls, table: Mapping[str, Any], env_cls=None) -> "ModelSection":
+        hints = _lfm2_hints()
+        kwargs, arch = {}, []
+        for key, value in table.items():
+            if key in ("preset", "init_from"):
+                kwargs[key] = _coerce(value, str, None) if value is not None else None
+                continue
+            if key not in hints:
+                raise _unknown_model_key(key)
+            try:
+                arch.append((key, _coerce(value, hints[key], None)))
+            except ConfigError as e:
+                raise e.prefixed(key) from None
+        return cls(**kwargs, arch=tuple(arch))
+
+    def _to_table(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"preset": self.preset}
+        if self.init_from is not None:
+            out["init_from"] = self.init_from
+        out.update({k: list(v) if isinstance(v, tuple) else v for k, v in self.arch if v is not None})
+        return out
 
     def overrides(self) -> dict[str, Any]:
-        """The Lfm2Config fields this section sets (the non-None overrides)."""
-        skip = ("preset", "init_from")
-        return {f.name: getattr(self, f.name) for f in _init_fields(type(self))
-                if f.name not in skip and getattr(self, f.name) is not None}
+        """The Lfm2Config fields this section sets."""
+        return {k: v for k, v in self.arch if v is not None}
 
     def lfm2_config(self):
         """-> models.lfm2.Lfm2Config: the preset (or `init_from`'s config.json) with the overrides applied."""
         from models import lfm2
 
+        over = self.overrides()
         if self.init_from is not None:
             saved = lfm2.Lfm2Config.from_pretrained(self.init_from)
-            clash = [name for name in _SHAPE_FIELDS if getattr(self, name) is not None
-                     and tuple(_as_tuple(getattr(self, name))) != tuple(_as_tuple(getattr(saved, name)))]
+            clash = [n for n in _SHAPE_FIELDS if n in over and tuple(_as_tuple(over[n])) != tuple(_as_tuple(getattr(saved, n)))]
             if clash:
-                detail = ", ".join(f"model.{n} = {getattr(self, n)!r} (the checkpoint has {getattr(saved, n)!r})"
-                                   for n in clash)
+                detail = ", ".join(f"model.{n} = {over[n]!r} (the checkpoint has {getattr(saved, n)!r})" for n in clash)
                 raise ConfigError(
                     f"model.init_from = {self.init_from!r} fixes the architecture (its config.json) and {detail} "
                     f"would not fit its weights; remove the override or make it match", ("model", clash[0]))
-            return dataclasses.replace(saved, **self.overrides())
-        return dataclasses.replace(lfm2.PRESETS[self.preset], **self.overrides())
+            return dataclasses.replace(saved, **over)
+        return dataclasses.replace(lfm2.PRESETS[self.preset], **over)
 
-    def _validate(self) -> None:
-        from models import lfm2
 
-        if self.init_from is None:
-            _choice(self, "preset", tuple(lfm2.PRESETS))
-        for name in ("dtype", "param_dtype"):
-            if getattr(self, name) is not None:
-                _choice(self, name, DTYPES)
-        if self.layer_types is not None:
-            for i, kind in enumerate(self.layer_types):
-                if kind not in lfm2.LAYER_TYPES:
-                    raise ConfigError(f"unknown layer type {kind!r}; use 'conv' or 'full_attention'",
-                                      ("layer_types", i))
-        if self.init_from is None:  # the architecture is known now: check it (no file access, no compile)
-            try:
-                self.lfm2_config()
-            except ValueError as e:
-                named = re.findall(r"\w+", str(e))
-                field = next((n for n in named if n in self.overrides()), None)
-                raise ConfigError(f"{e} (preset {self.preset!r} with the overrides)",
-                                  (field,) if field else ()) from None
+def _lfm2_hints() -> dict[str, Any]:
+    from models.lfm2 import Lfm2Config
+
+    return _hints(Lfm2Config)
+
+
+def _unknown_model_key(key: str) -> ConfigError:
+    names = ["preset", "init_from", *_lfm2_hints()]
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(names)}"
+    return ConfigError(f"unknown key {key!r}{hint} (besides preset and init_from, [model] takes "
+                       f"models.lfm2.Lfm2Config fields)", (key,))
 
 
 @dataclasses.dataclass(frozen=True)
 class TokenizerSection(_Section):
-    """`path`: a Hugging Face tokenizer folder; None = the project's tokenizer (`tokenizer.load_tokenizer`)."""
+    """`path`: a Hugging Face tokenizer folder; None = the project's tokenizer (`text.load_tokenizer`)."""
 
     path: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
-class PromptSection(_Section):
-    """`preset`: the prompt style, "reference" (the spec's text), "compact" (a short system prompt) or "tiny"
-    (short messages too, for models trained from scratch)."""
+class EnvSection(_Section):
+    """The environment: `name` (registered with `envs.register`; `envs.make(name, **params)`) and its
+    `Params` (the `[env.params]` table)."""
 
-    preset: str = "reference"
+    name: str = "tictactoe"
+    params: Annotated[Any, EnvBound("Params")] = None
 
     def _validate(self) -> None:
-        _choice(self, "preset", PROMPT_PRESETS)
+        check_str(self, "name")
+
+    def env_class(self):
+        """The registered Env subclass (ConfigError with the closest names if unknown)."""
+        return _env_class(self.name)
+
+    def make(self):
+        """The env instance with these params."""
+        cls = self.env_class()
+        return cls(self.params if self.params is not None else cls.Params())
+
+
+def _env_class(name: str):
+    import envs
+
+    try:
+        return envs.env_class(name)
+    except KeyError as e:
+        raise ConfigError(str(e).strip("'\""), ("env", "name")) from None
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplingSection(_Section):
-    """Base sampling of replies (evaluation, samples; GRPO stages set their own temperature and length)."""
-
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    max_new_tokens: int = 64
-
-    def _validate(self) -> None:
-        if not self.temperature > 0:
-            _fail("temperature", f"must be > 0 (got {self.temperature}); use eval.greedy for argmax decoding")
-        _non_negative(self, "top_k")
-        if not 0.0 < self.top_p <= 1.0:
-            _fail("top_p", f"must be in (0, 1] (got {self.top_p}); 1.0 disables it")
-        _positive(self, "max_new_tokens")
-
-    def to_sampling_config(self, stop_token_ids: Sequence[int] = (), pad_id: int = 0, **changes: Any):
-        """-> sampling.SamplingConfig with these fields, the tokenizer's stop ids / pad id, and `changes`."""
-        from jaxrl_llm.sampling import SamplingConfig
-
-        fields = dict(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                      max_new_tokens=self.max_new_tokens, stop_token_ids=tuple(stop_token_ids), pad_id=pad_id)
-        fields.update(changes)
-        return SamplingConfig(**fields)
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutSection(_Section):
-    """`context_length`: positions of a game's conversation buffer and model cache. `cache_stages`: grow
-    the model cache with the conversation in this many steps (`rollout.RolloutConfig.cache_stages`;
-    attention then reads a cache sized to the turns played so far; 1 = one full-size cache)."""
-
-    context_length: int = 1024
-    cache_stages: int = 1
-
-    def _validate(self) -> None:
-        if self.context_length < 16:
-            _fail("context_length", f"must be >= 16 (got {self.context_length})")
-        if self.cache_stages < 1:
-            _fail("cache_stages", f"must be >= 1 (got {self.cache_stages})")
-
-
-_OPTIM_FIELDS = ("learning_rate", "warmup_steps", "total_steps", "schedule", "end_lr_ratio", "weight_decay",
-                 "b1", "b2", "eps", "max_grad_norm")
-
-
-@dataclasses.dataclass(frozen=True)
-class _OptimFields(_Section):
-    """Optimizer fields shared by `[sft]` and each `[[grpo]]` stage (see optim.OptimConfig);
-    `total_steps` None = the section's `steps`."""
-
-    learning_rate: float = 1e-4
-    warmup_steps: int = 0
-    total_steps: int | None = None
-    schedule: str = "cosine"
-    end_lr_ratio: float = 0.1
-    weight_decay: float = 0.0
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    max_grad_norm: float = 1.0
-
-    @property
-    def optim(self):
-        """-> optim.OptimConfig of this section (total_steps defaults to `steps`, at least 1)."""
-        from jaxrl_llm.optim import OptimConfig
-
-        total = self.total_steps if self.total_steps is not None else max(getattr(self, "steps", 1), 1)
-        return OptimConfig(**{name: getattr(self, name) for name in _OPTIM_FIELDS if name != "total_steps"},
-                           total_steps=total)
-
-    def _validate(self) -> None:
-        if not self.learning_rate > 0:
-            _fail("learning_rate", f"must be > 0 (got {self.learning_rate})")
-        _non_negative(self, "warmup_steps", "weight_decay", "max_grad_norm")
-        if self.total_steps is not None:
-            _positive(self, "total_steps")
-        _choice(self, "schedule", SCHEDULES)
-        _probability(self, "end_lr_ratio")
-        for name in ("b1", "b2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                _fail(name, f"must be in [0, 1) (got {getattr(self, name)})")
-        if not self.eps > 0:
-            _fail("eps", f"must be > 0 (got {self.eps})")
-
-
-@dataclasses.dataclass(frozen=True)
-class SftSection(_OptimFields):
-    """Supervised fine-tuning on teacher games (steps 0 skips it).
-
-    num_games: teacher games generated for the data set; teacher_random_move_prob: how often the teacher
-    plays a random legal move instead of a minimax-optimal one (its replies stay well formatted);
-    teacher: "uniform" (a uniform draw among the optimal moves) or "best" (the optimal move that wins most
-    often against the random opponent, deterministic); reasoning: "templates" (a short templated thought in
-    <think>) or "none" (an empty <think></think>); the teacher's opponent plays at p =
-    opponent_random_move_prob, or at p uniform in [opponent_random_move_prob, opponent_p_max] when that is
-    set; tree_copies: copies of every game the "best" teacher can meet (its whole game tree, 738 games, see
-    `sft_data.exhaustive_expert_games`) added to the num_games sampled ones; check_every: every that many steps
-    (0: never) check teacher-forced, greedy, whether the model reproduces every game of that tree exactly
-    (teacher "best" only; logged as check_exact); stop_when_exact: end SFT at the first exact check (`steps`
-    is then the most it runs); seq_len: tokens per training row (a game is cut or padded to it); dataset: train on this prompt /
-    completion data set instead (a `save_to_disk` folder, a .jsonl / .parquet file, or a local copy of
-    `anakin87/tictactoe-filtered`), None generates the expert games."""
-
-    steps: int = 100
-    batch_size: int = 32
-    num_games: int = 1000
-    teacher_random_move_prob: float = 0.0
-    teacher: str = "uniform"
-    reasoning: str = "templates"
-    seq_len: int = 768
-    opponent_random_move_prob: float = 0.5
-    opponent_p_max: float | None = None
-    tree_copies: int = 0
-    check_every: int = 0
-    stop_when_exact: bool = False
-    dataset: str | None = None
-
-    def opponent_p_range(self) -> tuple[float, float]:
-        """(p_min, p_max) of the teacher's opponent."""
-        p_max = self.opponent_random_move_prob if self.opponent_p_max is None else self.opponent_p_max
-        return self.opponent_random_move_prob, p_max
-
-    def _validate(self) -> None:
-        _non_negative(self, "steps")
-        _positive(self, "batch_size", "num_games")
-        if self.seq_len < 16:
-            _fail("seq_len", f"must be >= 16 (got {self.seq_len})")
-        _probability(self, "teacher_random_move_prob", "opponent_random_move_prob")
-        _choice(self, "teacher", ("uniform", "best"))
-        _choice(self, "reasoning", ("templates", "none"))
-        _non_negative(self, "tree_copies", "check_every")
-        if (self.check_every or self.stop_when_exact) and self.teacher != "best":
-            _fail("check_every", "the game-tree check needs teacher = \"best\"")
-        if self.stop_when_exact and not self.check_every:
-            _fail("stop_when_exact", "needs check_every > 0")
-        if self.tree_copies and (self.teacher != "best" or self.teacher_random_move_prob > 0):
-            _fail("tree_copies", "needs the deterministic teacher: teacher = \"best\" and "
-                                 "teacher_random_move_prob = 0")
-        if self.opponent_p_max is not None:
-            _probability(self, "opponent_p_max")
-            if self.opponent_p_max < self.opponent_random_move_prob:
-                _fail("opponent_p_max", f"must be >= opponent_random_move_prob ({self.opponent_random_move_prob}), "
-                      f"got {self.opponent_p_max}")
-        super()._validate()
-
-
-# GRPO loss fields (named as jaxrl_llm.grpo.GrpoConfig's), minus `temperature`, handled apart.
-_GRPO_FIELDS = ("group_size", "scale_rewards", "std_eps", "epsilon_low", "epsilon_high", "beta", "loss_type",
-                "max_completion_tokens", "ratio_mask_low", "ratio_mask_high", "num_minibatches", "passes",
-                "grad_accum_steps", "shuffle")
-
-
-@dataclasses.dataclass(frozen=True)
-class GrpoStage(_OptimFields):
-    """One GRPO stage: `steps` updates, each on `num_prompts` examples x `group_size` rollouts whose
-    opponent strength is stratified over [p_min, p_max] (random_move_prob). The replies are sampled at
-    `temperature` with at most `max_new_tokens` per turn, for at most `max_turns` replies per game;
-    `context_length` None = rollout.context_length. The loss fields are those of grpo.GrpoConfig
-    (`grpo_fields()`); `max_completion_tokens` None = max_turns * max_new_tokens."""
+class GrpoStage(_Section):
+    """One GRPO stage: `steps` updates, each on `num_prompts` examples x `group_size` rollouts drawn from
+    the env's curriculum `Stage` (`curriculum`). `sampling` and `rollout` are the experiment's with this
+    stage's `[grpo.sampling]` / `[grpo.rollout]` keys on top; `loss` (GrpoConfig) and `optim`
+    (OptimConfig, total_steps defaulting to `steps`) are the update's."""
 
     steps: int = 100
     num_prompts: int = 32
     group_size: int = 8
-    p_min: float = 0.2
-    p_max: float = 0.7
-    temperature: float = 1.0
-    max_new_tokens: int = 64
-    max_turns: int = 7
-    context_length: int | None = None
-    scale_rewards: str = "group"
-    std_eps: float = 1e-4
-    epsilon_low: float = 0.2
-    epsilon_high: float = 0.28
-    beta: float = 0.0
-    loss_type: str = "token-mean"
-    max_completion_tokens: int | None = None
-    ratio_mask_low: float | None = None
-    ratio_mask_high: float | None = None
-    num_minibatches: int = 1
-    passes: int = 1
-    grad_accum_steps: int = 1
-    shuffle: bool = True
+    curriculum: Annotated[Any, EnvBound("Stage")] = None
+    sampling: SamplingConfig = SamplingConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    loss: GrpoConfig = GrpoConfig()
+    optim: OptimConfig = OptimConfig()
+
+    def _validate(self) -> None:
+        check_int(self, "steps", 0)
+        check_int(self, "num_prompts", 1)
+        if check_int(self, "group_size", 1) < 2:
+            raise ConfigError(f"must be >= 2 (got {self.group_size}): a group of one has no baseline", ("group_size",))
+        micro = self.loss.num_minibatches * self.loss.grad_accum_steps
+        if self.batch_size % micro:
+            raise ConfigError(f"num_minibatches * grad_accum_steps ({micro}) must divide the batch num_prompts * "
+                              f"group_size ({self.batch_size})", ("loss", "num_minibatches"))
+        if self.sampling.max_new_tokens >= self.rollout.context_length:
+            raise ConfigError(f"must be below the stage's context length {self.rollout.context_length}",
+                              ("sampling", "max_new_tokens"))
+        self.grpo_config()  # the effective loss config must be valid too
 
     @property
     def batch_size(self) -> int:
         """Rollouts per update: num_prompts * group_size."""
         return self.num_prompts * self.group_size
 
-    def grpo_fields(self) -> dict[str, Any]:
-        """The keyword arguments of grpo.GrpoConfig: `GrpoConfig(**stage.grpo_fields())`."""
-        fields = {name: getattr(self, name) for name in _GRPO_FIELDS}
-        if fields["max_completion_tokens"] is None:
-            fields["max_completion_tokens"] = self.max_turns * self.max_new_tokens
-        fields["temperature"] = self.temperature
-        return fields
+    def grpo_config(self) -> GrpoConfig:
+        """The loss with this stage's group size, its sampling temperature and, when unset,
+        max_completion_tokens = max_turns * max_new_tokens."""
+        max_completion = self.loss.max_completion_tokens or self.rollout.max_turns * self.sampling.max_new_tokens
+        return dataclasses.replace(self.loss, group_size=self.group_size, temperature=self.sampling.temperature,
+                                   max_completion_tokens=max_completion)
 
-    def env_params(self, base: EnvParams) -> EnvParams:
-        """The environment of this stage: `base` with this stage's max_turns."""
-        return dataclasses.replace(base, max_turns=self.max_turns)
-
-    def _validate(self) -> None:
-        _non_negative(self, "steps")
-        _positive(self, "num_prompts", "max_new_tokens", "max_turns", "num_minibatches", "passes",
-                  "grad_accum_steps")
-        if self.group_size < 2:
-            _fail("group_size", f"must be >= 2 (got {self.group_size}): a group of one has no baseline")
-        _probability(self, "p_min", "p_max")
-        if self.p_min > self.p_max:
-            _fail("p_min", f"must be <= p_max (got p_min {self.p_min} > p_max {self.p_max})")
-        if not self.temperature > 0:
-            _fail("temperature", f"must be > 0 (got {self.temperature})")
-        if self.context_length is not None and self.context_length < 16:
-            _fail("context_length", f"must be >= 16 (got {self.context_length})")
-        _choice(self, "scale_rewards", SCALE_REWARDS)
-        _choice(self, "loss_type", LOSS_TYPES)
-        if not self.std_eps > 0:
-            _fail("std_eps", f"must be > 0 (got {self.std_eps})")
-        if not 0.0 <= self.epsilon_low < 1.0:
-            _fail("epsilon_low", f"must be in [0, 1) (got {self.epsilon_low})")
-        _non_negative(self, "epsilon_high", "beta")
-        if self.max_completion_tokens is not None:
-            _positive(self, "max_completion_tokens")
-        if self.ratio_mask_low is not None and not 0.0 <= self.ratio_mask_low < 1.0:
-            _fail("ratio_mask_low", f"must be in [0, 1) (got {self.ratio_mask_low})")
-        if self.ratio_mask_high is not None and not self.ratio_mask_high > 1.0:
-            _fail("ratio_mask_high", f"must be > 1 (got {self.ratio_mask_high})")
-        micro = self.num_minibatches * self.grad_accum_steps
-        if self.batch_size % micro:
-            _fail("num_minibatches", f"num_minibatches * grad_accum_steps ({micro}) must divide the batch "
-                                     f"num_prompts * group_size ({self.batch_size})")
-        super()._validate()
+    def optim_config(self) -> OptimConfig:
+        """The optimizer with total_steps resolved (default: the stage's steps)."""
+        return self.optim.for_steps(self.steps)
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalSection(_Section):
-    """Evaluation: `num_games` games against each of `opponents` ("random" p = 1, "optimal" p = 0), at most
-    `max_turns` replies; greedy decoding or sampling at `temperature`. every_steps: also evaluate during
-    training every N GRPO steps, into <run.output_dir>/eval_metrics.jsonl (0 = never during training)."""
+    """Evaluation: `num_games` games in each of `settings` (names of the env's evaluation settings; empty:
+    all of them). `sampling` / `rollout`: the experiment's with `greedy = true` and this table's keys on top.
+    every_steps: also evaluate during training every N GRPO steps, into <run.output_dir>/eval_metrics.jsonl
+    (0 = never during training)."""
 
     num_games: int = 100
-    max_turns: int = 8
-    opponents: tuple[str, ...] = ("random", "optimal")
-    greedy: bool = True
-    temperature: float = 1.0
+    settings: tuple[str, ...] = ()
     every_steps: int = 0
-
-    def opponent_probs(self) -> tuple[float, ...]:
-        """random_move_prob of each opponent, in order."""
-        return tuple(OPPONENTS[name] for name in self.opponents)
+    sampling: SamplingConfig = SamplingConfig(greedy=True)
+    rollout: RolloutConfig = RolloutConfig()
 
     def _validate(self) -> None:
-        _positive(self, "num_games", "max_turns")
-        _non_negative(self, "every_steps")
-        if not self.opponents:
-            _fail("opponents", f"needs at least one opponent of {', '.join(map(repr, OPPONENTS))}")
-        for i, name in enumerate(self.opponents):
-            if name not in OPPONENTS:
-                raise ConfigError(f"unknown opponent {name!r}; use {' or '.join(map(repr, OPPONENTS))}",
-                                  ("opponents", i))
-        if not self.temperature > 0:
-            _fail("temperature", f"must be > 0 (got {self.temperature})")
+        check_int(self, "num_games", 1)
+        check_int(self, "every_steps", 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -705,8 +542,8 @@ class CheckpointSection(_Section):
     resume: bool = True
 
     def _validate(self) -> None:
-        _positive(self, "keep")
-        _non_negative(self, "every_steps")
+        check_int(self, "keep", 1)
+        check_int(self, "every_steps", 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -720,9 +557,9 @@ class MeshSection(_Section):
     def _validate(self) -> None:
         for name in ("data", "fsdp"):
             if getattr(self, name) != -1 and getattr(self, name) < 1:
-                _fail(name, f"must be >= 1, or -1 for all remaining devices (got {getattr(self, name)})")
+                raise ConfigError(f"must be >= 1, or -1 for all remaining devices (got {getattr(self, name)})", (name,))
         if self.data == -1 and self.fsdp == -1:
-            _fail("fsdp", "only one of data and fsdp can be -1")
+            raise ConfigError("only one of data and fsdp can be -1", ("fsdp",))
 
     def axis_sizes(self, num_devices: int) -> tuple[int, int]:
         """-> (data, fsdp) with -1 resolved; raises ConfigError unless data * fsdp == num_devices."""
@@ -747,10 +584,14 @@ class RunSection(_Section):
     sample_every: int = 0
 
     def _validate(self) -> None:
-        _positive(self, "log_every")
-        _non_negative(self, "seed", "sample_every")
-        if not self.output_dir:
-            _fail("output_dir", "must not be empty")
+        check_int(self, "log_every", 1)
+        check_int(self, "seed", 0, 2**63 - 1)
+        check_int(self, "sample_every", 0)
+        check_str(self, "output_dir")
+
+
+# Tables that inherit the experiment's [sampling] / [rollout] key by key.
+_INHERITED = ("sampling", "rollout")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -759,63 +600,139 @@ class ExperimentConfig(_Section):
 
     model: ModelSection = ModelSection()
     tokenizer: TokenizerSection = TokenizerSection()
-    prompt: PromptSection = PromptSection()
-    env: EnvParams = EnvParams()
-    sampling: SamplingSection = SamplingSection()
-    rollout: RolloutSection = RolloutSection()
-    sft: SftSection = SftSection()
+    env: EnvSection = EnvSection()
+    sampling: SamplingConfig = SamplingConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    sft: SftConfig = SftConfig()
     grpo: tuple[GrpoStage, ...] = ()
     eval: EvalSection = EvalSection()
     checkpoint: CheckpointSection = CheckpointSection()
     mesh: MeshSection = MeshSection()
     run: RunSection = RunSection()
 
-    def stage_context_length(self, stage: int) -> int:
-        """Context length of GRPO stage `stage` (its own, else rollout.context_length)."""
-        own = self.grpo[stage].context_length
-        return own if own is not None else self.rollout.context_length
+    @classmethod
+    def _from_table(cls, data: Mapping[str, Any], env_cls=None) -> "ExperimentConfig":
+        """The whole config: the env first (its types), then the sections, stages and eval over the base
+        [sampling] / [rollout] tables."""
+        data = dict(data)
+        for key in data:
+            if key not in {f.name for f in _init_fields(cls)}:
+                raise _unknown_key(cls, str(key))
+        env_table = data.get("env", {})
+        if not isinstance(env_table, Mapping):
+            raise ConfigError(f"expected a table, got {_toml_type(env_table)}", ("env",))
+        name = env_table.get("name", EnvSection.name)
+        if not isinstance(name, str):
+            raise ConfigError(f"expected a string, got {_toml_type(name)}", ("env", "name"))
+        env_cls = _env_class(name)
+        base = {k: dict(_table(data, k)) for k in _INHERITED}
+
+        def overlay(table: Any, where: tuple, defaults: Mapping[str, Any] | None = None) -> dict:
+            table = dict(table)
+            for k in _INHERITED:
+                table[k] = {**base[k], **(defaults or {}).get(k, {}), **_table(table, k, where)}
+            return table
+
+        if "grpo" in data:
+            if not isinstance(data["grpo"], (list, tuple)):
+                raise ConfigError(f"expected an array of tables ([[grpo]]), got {_toml_type(data['grpo'])}", ("grpo",))
+            stages = []
+            for i, stage in enumerate(data["grpo"]):
+                if not isinstance(stage, Mapping):
+                    raise ConfigError(f"expected a table, got {_toml_type(stage)}", ("grpo", i))
+                stages.append(overlay(stage, ("grpo", i)))
+            data["grpo"] = stages
+        data["eval"] = overlay(_table(data, "eval"), ("eval",), {"sampling": {"greedy": True}})
+        hints = _hints(cls)
+        kwargs = {}
+        for key, value in data.items():
+            try:
+                kwargs[key] = _coerce(value, hints[key], env_cls)
+            except ConfigError as e:
+                raise e.prefixed(key) from None
+        if "env" not in kwargs:
+            kwargs["env"] = EnvSection(name=name, params=env_cls.Params())
+        if "sft" not in kwargs:
+            kwargs["sft"] = _coerce({}, hints["sft"], env_cls)
+        return cls(**kwargs)
+
+    def _validate(self) -> None:
+        env_cls = self.env.env_class()
+        self._resolve_env_types(env_cls)
+        max_pos = None
+        if self.model.init_from is None:
+            max_pos = self.model.lfm2_config().max_position_embeddings
+            for where, ctx in [(("rollout", "context_length"), self.rollout.context_length),
+                               (("eval", "rollout", "context_length"), self.eval.rollout.context_length),
+                               *[(("grpo", i, "rollout", "context_length"), s.rollout.context_length)
+                                 for i, s in enumerate(self.grpo)]]:
+                if ctx > max_pos:
+                    raise ConfigError(f"{ctx} exceeds the model's max_position_embeddings {max_pos}", where)
+            if self.sft.seq_len > max_pos:
+                raise ConfigError(f"exceeds the model's max_position_embeddings {max_pos}", ("sft", "seq_len"))
+        for where, section in [(("eval",), self.eval), *[(("grpo", i), s) for i, s in enumerate(self.grpo)]]:
+            if section.sampling.max_new_tokens >= section.rollout.context_length:
+                raise ConfigError(f"must be below the context length {section.rollout.context_length}",
+                                  (*where, "sampling", "max_new_tokens"))
+        names = [s.name for s in env_cls().eval_settings()]
+        for i, name in enumerate(self.eval.settings):
+            if name not in names:
+                close = difflib.get_close_matches(name, names, n=1, cutoff=0.5)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"env {self.env.name!r} has no evaluation setting {name!r}{hint} (it has: "
+                                  f"{', '.join(names)})", ("eval", "settings", i))
+        if self.sft.steps and self.sft.dataset is None and self.sft.teacher is None:
+            raise ConfigError(f"env {self.env.name!r} has no teacher: give sft.dataset, or sft.steps = 0",
+                              ("sft", "dataset"))
+        if self.sft.check_every and not env_cls().has_check_rows(self.sft.teacher):
+            raise ConfigError(f"env {self.env.name!r} has no exactness check for this teacher "
+                              f"({self.sft.teacher!r})", ("sft", "check_every"))
+
+    def _resolve_env_types(self, env_cls) -> None:
+        """Env-bound fields left at None (a config built in Python) get the env's defaults; instances of the
+        wrong class are refused."""
+        def fix(value, attr, where):
+            cls = getattr(env_cls, attr, None)
+            if cls is None or cls is type(None):
+                if value is not None:
+                    raise ConfigError(f"env {env_cls.name!r} has no {attr}", where)
+                return None
+            if value is None:
+                return cls()
+            if not isinstance(value, cls):
+                raise ConfigError(f"expected the {attr} of env {env_cls.name!r}, got {type(value).__name__}", where)
+            return value
+
+        object.__setattr__(self, "env", dataclasses.replace(self.env, params=fix(self.env.params, "Params", ("env", "params"))))
+        object.__setattr__(self, "sft", dataclasses.replace(self.sft, teacher=fix(self.sft.teacher, "Teacher", ("sft", "teacher"))))
+        object.__setattr__(self, "grpo", tuple(
+            dataclasses.replace(s, curriculum=fix(s.curriculum, "Stage", ("grpo", i, "curriculum")))
+            for i, s in enumerate(self.grpo)))
+
+    # ---- helpers ----
+    def make_env(self):
+        """The env of this experiment (`envs.make(env.name, **env.params)`)."""
+        return self.env.make()
+
+    def eval_settings(self):
+        """The env's evaluation settings named in eval.settings (all of them when it is empty), in order."""
+        settings = self.make_env().eval_settings()
+        if not self.eval.settings:
+            return settings
+        by_name = {s.name: s for s in settings}
+        return tuple(by_name[n] for n in self.eval.settings)
 
     def checkpoint_dir(self) -> str:
         """checkpoint.dir, or <run.output_dir>/checkpoints."""
         return self.checkpoint.dir if self.checkpoint.dir is not None else os.path.join(self.run.output_dir,
                                                                                         "checkpoints")
 
-    def rollout_config(self, stage: int | None = None, stop_token_ids: Sequence[int] = (), pad_id: int = 0):
-        """-> rollout.RolloutConfig for GRPO stage `stage` (None: evaluation, with eval's max_turns and
-        greedy / temperature, the base max_new_tokens and context length)."""
-        from jaxrl_llm.rollout import RolloutConfig
 
-        if stage is None:
-            sampling = self.sampling.to_sampling_config(stop_token_ids, pad_id, greedy=self.eval.greedy,
-                                                        temperature=self.eval.temperature)
-            env = dataclasses.replace(self.env, max_turns=self.eval.max_turns)
-            return RolloutConfig(context_length=self.rollout.context_length, sampling=sampling, env=env,
-                                 cache_stages=self.rollout.cache_stages)
-        s = self.grpo[stage]
-        sampling = self.sampling.to_sampling_config(stop_token_ids, pad_id, temperature=s.temperature,
-                                                    max_new_tokens=s.max_new_tokens)
-        return RolloutConfig(context_length=self.stage_context_length(stage), sampling=sampling,
-                             env=s.env_params(self.env), cache_stages=self.rollout.cache_stages)
-
-    def _validate(self) -> None:
-        max_pos = None
-        if self.model.init_from is None:
-            max_pos = self.model.lfm2_config().max_position_embeddings
-            if self.rollout.context_length > max_pos:
-                _fail("rollout", f"context_length {self.rollout.context_length} exceeds the model's "
-                                 f"max_position_embeddings {max_pos}")
-            if self.sft.seq_len > max_pos:
-                raise ConfigError(f"exceeds the model's max_position_embeddings {max_pos}", ("sft", "seq_len"))
-        if self.sampling.max_new_tokens >= self.rollout.context_length:
-            raise ConfigError(f"must be below rollout.context_length {self.rollout.context_length}",
-                              ("sampling", "max_new_tokens"))
-        for i, stage in enumerate(self.grpo):
-            ctx = self.stage_context_length(i)
-            if stage.max_new_tokens >= ctx:
-                raise ConfigError(f"must be below the stage's context length {ctx}", ("grpo", i, "max_new_tokens"))
-            if max_pos is not None and ctx > max_pos:
-                raise ConfigError(f"{ctx} exceeds the model's max_position_embeddings {max_pos}",
-                                  ("grpo", i, "context_length"))
+def _table(data: Mapping[str, Any], key: str, where: tuple = ()) -> Mapping[str, Any]:
+    value = data.get(key, {})
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"expected a table, got {_toml_type(value)}", (*where, key))
+    return value
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -833,8 +750,8 @@ def _parse_literal(text: str) -> Any:
 
 
 def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
-    """"grpo.0.learning_rate=3e-5" -> (("grpo", "0", "learning_rate"), 3e-05); the value is a TOML literal,
-    else a bare string."""
+    """"grpo.0.optim.learning_rate=3e-5" -> (("grpo", "0", "optim", "learning_rate"), 3e-05); the value is a
+    TOML literal, else a bare string."""
     if "=" not in text:
         raise ConfigError(f"override {text!r} is not key=value (e.g. sampling.temperature=1.2)")
     key, value = text.split("=", 1)
@@ -927,21 +844,15 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), check_pa
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _dump_order(cls: type) -> list[str]:
-    """Field names in writing order: a stage's own fields first, its optimizer fields last."""
-    names = [f.name for f in _init_fields(cls)]
-    if issubclass(cls, _OptimFields):
-        names = [n for n in names if n not in _OPTIM_FIELDS] + [n for n in names if n in _OPTIM_FIELDS]
-    return names
-
-
 def config_to_dict(config: Any) -> dict[str, Any]:
     """A config (or any section) -> plain dict: tuples as lists, None fields left out (TOML has no null)."""
 
     def convert(value: Any) -> Any:
+        if hasattr(value, "_to_table"):
+            return value._to_table()
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            return {name: convert(getattr(value, name)) for name in _dump_order(type(value))
-                    if getattr(value, name) is not None}
+            return {f.name: convert(getattr(value, f.name)) for f in _init_fields(type(value))
+                    if getattr(value, f.name) is not None}
         if isinstance(value, (list, tuple)):
             return [convert(v) for v in value]
         return value

@@ -8,7 +8,8 @@
   periodic lines otherwise (CI logs).
 - `plot_metrics(paths, out_png, keys=None)`: one subplot per metric, x = step, one line per file (run or
   stage), drawn with matplotlib's Agg canvas (no display needed).
-- `format_results_table(rows)`: the spec's `| model | W | D | L | format | invalid |` table in %.
+- `format_results_table(rows, columns)`: a Markdown results table in % with the env's columns
+  (`env.results_columns`; Tic-Tac-Toe's is the spec's `| model | W | D | L | format | invalid |`).
 
 Metric names the plots know (others are plotted after them): see `PLOT_KEYS`.
 """
@@ -36,14 +37,11 @@ __all__ = [
     "PLOT_KEYS",
 ]
 
-# Preferred order of the plotted metrics (those present in the logs are drawn, then any other number).
+# Preferred order of the plotted metrics when no keys are given (those present in the logs are drawn first,
+# then any other number; the env's own `<metric>_rate` figures sort among the others).
 PLOT_KEYS = (
     "reward_mean",
-    "win_rate",
-    "draw_rate",
-    "loss_rate",
     "format_rate",
-    "invalid_rate",
     "kl",
     "entropy",
     "grad_norm",
@@ -344,36 +342,33 @@ def plot_metrics(paths: str | os.PathLike | Iterable[str | os.PathLike], out_png
 # Results table
 # ----------------------------------------------------------------------------------------------------------
 
-_TABLE_COLUMNS = (("W", "win"), ("D", "draw"), ("L", "loss"), ("format", "format"), ("invalid", "invalid"))
-
-
 def _percent(value: float) -> str:
     text = f"{value:.1f}"
     return text[:-2] if text.endswith(".0") else text
 
 
-def format_results_table(rows: Iterable[Mapping[str, Any]], title: str = "model", fractions: bool = True) -> str:
-    """The spec's results table (Markdown), one row per mapping:
+def format_results_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[tuple[str, str]],
+                         title: str = "model", fractions: bool = True) -> str:
+    """A results table (Markdown), one row per mapping, one column per (header, key) of `columns`:
 
         | model | W | D | L | format | invalid |
         |---|---|---|---|---|---|
         | after SFT | 74 | 13 | 13 | 99.8 | 11 |
 
-    Each row has "model" and the rates "win", "draw", "loss" (of games), "format" (of replies following
-    the format) and "invalid" (of games with an invalid move); a key may also end in "_rate"
-    ("win_rate"). fractions: the rates are in [0, 1] (False: already in %). Shown to 0.1 %, ".0" dropped.
-    `title` heads the first column (e.g. "vs random opponent").
+    Each row has "model" and the rates named in `columns` (a key may also end in "_rate" in the row:
+    "win_rate"); a missing or NaN value shows "-". fractions: the rates are in [0, 1] (False: already
+    in %). Shown to 0.1 %, ".0" dropped. `title` heads the first column (e.g. "vs random opponent").
     """
-    lines = [f"| {title} | " + " | ".join(name for name, _ in _TABLE_COLUMNS) + " |",
-             "|" + "---|" * (len(_TABLE_COLUMNS) + 1)]
+    columns = tuple(columns)
+    lines = [f"| {title} | " + " | ".join(name for name, _ in columns) + " |", "|" + "---|" * (len(columns) + 1)]
     for row in rows:
         cells = [str(row.get("model", row.get("name", "")))]
-        for _, key in _TABLE_COLUMNS:
+        for _, key in columns:
             value = row.get(key, row.get(f"{key}_rate"))
-            if value is None:
+            value = None if value is None else float(to_jsonable(value))
+            if value is None or math.isnan(value):
                 cells.append("-")
                 continue
-            value = float(to_jsonable(value))
             cells.append(_percent(100.0 * value if fractions else value))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

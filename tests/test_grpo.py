@@ -11,8 +11,8 @@ import numpy as np
 import optax
 import pytest
 
-from jaxrl_llm import grpo
-from jaxrl_llm.grpo import (
+from jaxrl_llm.algos import grpo
+from jaxrl_llm.algos.grpo import (
     GrpoConfig,
     group_advantages,
     grpo_loss,
@@ -22,9 +22,9 @@ from jaxrl_llm.grpo import (
     token_logprobs,
     update_from_trajectory,
 )
-from jaxrl_llm.optim import OptimConfig, make_optimizer
+from jaxrl_llm.algos.optim import OptimConfig, make_optimizer
 from jaxrl_llm.rollout import Trajectory
-from jaxrl_llm.sampling import SamplingConfig, lfm2_model_fn, make_sampler
+from jaxrl_llm.generate import SamplingConfig, lfm2_model_fn, make_sampler
 from models.lfm2 import ATTENTION, CONV, PRESETS, Lfm2ForCausalLM, init_cache, init_params
 
 VOCAB = 16
@@ -59,6 +59,8 @@ def _norm(tree) -> float:
         ({"epsilon_low": 1.0}, "epsilon_low"),
         ({"epsilon_high": -0.1}, "epsilon_high"),
         ({"beta": -1.0}, "beta"),
+        ({"beta": float("nan")}, "beta"),
+        ({"epsilon_high": float("inf")}, "epsilon_high"),
         ({"loss_type": "grpo"}, "loss_type"),
         ({"loss_type": "dr-grpo"}, "max_completion_tokens"),
         ({"max_completion_tokens": 0}, "max_completion_tokens"),
@@ -383,9 +385,8 @@ def test_tiny_model_learns_to_say_three(tiny):
             own = jax.jit(lambda p, t: policy_logprobs(module, p, t)[0])(params, tokens)[:, -1]
             assert float(jnp.max(jnp.abs(own - out.logprobs[:, 0]))) < 1e-4
         traj = Trajectory(tokens=tokens, length=None, loss_mask=loss_mask, logprobs=logprobs, reply_lengths=None,
-                          reply_format=None, reply_moves=None, reply_truncated=None, turns=None, outcome=None,
-                          invalid_moves=None, missing_moves=None, format_score=None, win_reward=None,
-                          invalid_reward=None, format_reward=None, reward=reward, context_cut=None,
+                          reply_format=None, reply_truncated=None, reply_kind=None, reply_value=None, turns=None,
+                          context_cut=None, truncated=None, reward=reward, reward_parts={}, metrics={}, examples=None,
                           final_state=None)
         params, opt_state, metrics = update_from_trajectory(update, params, opt_state, traj, k_update)
         history.append(metrics)

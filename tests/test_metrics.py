@@ -101,13 +101,15 @@ def test_results_table_matches_the_spec_format():
         {"model": "after SFT", "win_rate": np.float32(0.74), "draw_rate": 0.13, "loss_rate": 0.13,
          "format_rate": 0.998, "invalid_rate": 0.11},
     ]
-    table = format_results_table(rows, title="vs random opponent")
+    columns = (("W", "win"), ("D", "draw"), ("L", "loss"), ("format", "format"), ("invalid", "invalid"))
+    table = format_results_table(rows, columns, title="vs random opponent")
     assert table.splitlines() == [
         "| vs random opponent | W | D | L | format | invalid |",
         "|---|---|---|---|---|---|",
         "| LFM2-2.6B, base | 40 | 11 | 49 | 27.8 | 40 |",
         "| after SFT | 74 | 13 | 13 | 99.8 | 11 |",
     ]
-    pct = format_results_table([{"model": "m", "win": 90, "draw": 9, "loss": 1, "format": 100}], fractions=False)
+    pct = format_results_table([{"model": "m", "win": 90, "draw": 9, "loss": 1, "format": 100}], columns,
+                               fractions=False)
     assert pct.splitlines()[0] == "| model | W | D | L | format | invalid |"
     assert pct.splitlines()[2] == "| m | 90 | 9 | 1 | 100 | - |"

@@ -1,4 +1,4 @@
-"""Multi-turn rollouts against an independent host-side implementation of the spec.
+"""Multi-turn rollouts (of the Tic-Tac-Toe env) against an independent host-side implementation of the spec.
 
 The host side plays the same games with `tests/reference_tictactoe.RefGame` (rules, counters, rubric) and
 writes them with `tests/reference_text` (the spec's texts) and the tokenizer's chat template. The only
@@ -21,8 +21,9 @@ import pytest
 import reference_text as rt
 from envs import tictactoe as ttt
 from jaxrl_llm import rollout as ro
-from jaxrl_llm import sampling, text
-from jaxrl_llm.tokenizer import load_tokenizer
+from jaxrl_llm import text
+from jaxrl_llm.generate import SamplingConfig, lfm2_model_fn
+from jaxrl_llm.text import load_tokenizer
 from models.lfm2 import PRESETS, Lfm2ForCausalLM, init_cache
 from reference_tictactoe import RefGame, ref_total_reward
 
@@ -36,13 +37,29 @@ def tok():
     return load_tokenizer()
 
 
+ENV = ttt.TicTacToe(ttt.Params(prompt="reference"))
+COMPACT = ttt.TicTacToe(ttt.Params(prompt="compact"))
+SCRIPTED = SamplingConfig(max_new_tokens=MAX_NEW)
+
+
 @pytest.fixture(scope="module")
 def tables(tok):
-    return text.build_text_tables(tok, text.PRESETS["reference"])
+    return text.tables_for_env(tok, ENV)
 
 
-_reset = jax.jit(ttt.reset, static_argnums=2)
+_reset = jax.jit(ttt.reset)
 _opponent = jax.jit(ttt.opponent_move)
+
+
+def outcome(traj) -> np.ndarray:
+    """The reference's outcome codes (4 = unfinished) from a trajectory's final states."""
+    return np.where(np.asarray(traj.final_state.done), np.asarray(traj.final_state.outcome), 4)
+
+
+def scripted_rollout(tables, policy, seeds, probs, config, env=ENV):
+    examples = ttt.Example(jnp.asarray(seeds, jnp.uint32), jnp.asarray(probs, jnp.float32))
+    return jax.jit(lambda ex, k: ro.rollout(env, policy, None, None, None, tables, ex, k, config, SCRIPTED))(
+        examples, jax.random.PRNGKey(0))
 
 
 def _reply_text(rng: random.Random, board) -> str:
@@ -65,8 +82,7 @@ def _reply_text(rng: random.Random, board) -> str:
 
 def _play_on_host(tok, seed: int, p: float, rng: random.Random):
     """One game on the host: (reply texts as scripted, cut texts as seen, messages, RefGame, last cut?)."""
-    env = ttt.EnvParams(max_turns=MAX_TURNS)
-    start = _reset(np.uint32(seed), np.float32(p), env)
+    start = _reset(np.uint32(seed), np.float32(p))
     board = [int(v) for v in np.asarray(start.board)]
     game = RefGame(board=board, max_turns=MAX_TURNS)
     messages = [(tuple(board), int(start.status), int(start.last_opponent_move))]
@@ -109,10 +125,8 @@ def scripted_games(tok, tables):
     host = [_play_on_host(tok, s, p, rng) for s, p in zip(seeds, probs)]
     reply_tokens, reply_lengths = ro.script_replies(tok, [h[0] for h in host], MAX_TURNS, MAX_NEW)
     policy = ro.scripted_policy(reply_tokens, reply_lengths, tables.eos_id)
-    config = ro.RolloutConfig(context_length=CONTEXT, sampling=sampling.SamplingConfig(max_new_tokens=MAX_NEW))
-    run = jax.jit(lambda s, p, k: ro.rollout(policy, None, None, None, tables, s, p, k, config))
-    traj = run(jnp.asarray(seeds, jnp.uint32), jnp.asarray(probs, jnp.float32), jax.random.PRNGKey(0))
-    return host, jax.device_get(traj)
+    config = ro.RolloutConfig(context_length=CONTEXT, max_turns=MAX_TURNS)
+    return host, jax.device_get(scripted_rollout(tables, policy, seeds, probs, config))
 
 
 def test_scripted_conversations_equal_the_reference_text(tok, scripted_games):
@@ -150,16 +164,17 @@ def test_scripted_rewards_outcomes_and_counters_equal_the_reference(scripted_gam
     outcomes = set()
     for b, (scripted, seen, messages, game, cut) in enumerate(host):
         fmt = float(np.mean([rt.format_ok(s) for s in seen]))
-        assert int(traj.outcome[b]) == game.outcome
-        assert int(traj.invalid_moves[b]) == game.invalid
-        assert int(traj.missing_moves[b]) == game.missing
+        assert int(outcome(traj)[b]) == game.outcome
+        assert int(traj.final_state.invalid_moves[b]) == game.invalid
+        assert int(traj.final_state.missing_moves[b]) == game.missing
         assert int(traj.turns[b]) == game.turns == len(seen)
-        np.testing.assert_allclose(traj.format_score[b], fmt, rtol=1e-6)
+        assert bool(traj.truncated[b]) == (game.outcome == 4)  # the reference's UNFINISHED
+        np.testing.assert_allclose(traj.reward_parts["format"][b], fmt, rtol=1e-6)
         np.testing.assert_allclose(traj.reward[b], ref_total_reward(game.outcome, game.invalid, fmt), atol=1e-6)
         np.testing.assert_array_equal(traj.reply_truncated[b, : len(seen)], cut)
         assert not traj.context_cut[b]
         outcomes.add(game.outcome)
-    assert outcomes >= {ttt.OUTCOME_WIN, ttt.OUTCOME_DRAW, ttt.OUTCOME_LOSS, ttt.OUTCOME_UNFINISHED}
+    assert outcomes >= {ttt.OUTCOME_WIN, ttt.OUTCOME_DRAW, ttt.OUTCOME_LOSS, 4}
 
 
 def test_scripted_loss_mask_covers_exactly_the_replies(tok, scripted_games):
@@ -184,12 +199,10 @@ def test_context_limit_cuts_games_and_marks_them(tok, tables):
     reply_tokens, reply_lengths = ro.script_replies(tok, replies, MAX_TURNS, MAX_NEW)
     policy = ro.scripted_policy(reply_tokens, reply_lengths, tables.eos_id)
     small = 126 + 3 * (84 + MAX_NEW)  # room for about three turns
-    config = ro.RolloutConfig(context_length=small, sampling=sampling.SamplingConfig(max_new_tokens=MAX_NEW))
-    traj = jax.jit(lambda s, p, k: ro.rollout(policy, None, None, None, tables, s, p, k, config))(
-        jnp.asarray(seeds, jnp.uint32), jnp.zeros(8), jax.random.PRNGKey(0)
-    )
-    assert traj.context_cut.all()
-    assert (traj.outcome == ttt.OUTCOME_UNFINISHED).all()
+    config = ro.RolloutConfig(context_length=small, max_turns=MAX_TURNS)
+    traj = scripted_rollout(tables, policy, seeds, np.zeros(8), config)
+    assert traj.context_cut.all() and traj.truncated.all()
+    assert (outcome(traj) == 4).all() and (traj.metrics["unfinished"] == 1).all()
     assert (traj.length <= small).all() and (traj.turns < 5).all()
     for b in range(8):
         assert ro.decode_game(tok, traj, b).endswith("<|im_end|>")
@@ -209,23 +222,26 @@ def tiny_model(tok):
 
 @pytest.fixture(scope="module")
 def compact_tables(tok):
-    return text.build_text_tables(tok, text.PRESETS["compact"])
+    return text.tables_for_env(tok, COMPACT)
+
+
+MODEL_SAMPLING = SamplingConfig(temperature=1.0, max_new_tokens=12)
 
 
 @pytest.fixture(scope="module")
 def model_games(tiny_model, compact_tables):
     config, module, params = tiny_model
-    rc = ro.RolloutConfig(context_length=448, sampling=sampling.SamplingConfig(temperature=1.0, max_new_tokens=12))
-    run = ro.make_rollout(sampling.lfm2_model_fn(module), lambda b, n: init_cache(config, b, n), compact_tables, rc, return_cache=True)
-    seeds = jnp.asarray(np.repeat(np.arange(4), 4), jnp.uint32)
-    probs = jnp.full((16,), 0.5, jnp.float32)
-    traj, cache = run(params, seeds, probs, jax.random.PRNGKey(3))
-    return run, seeds, probs, traj, cache
+    rc = ro.RolloutConfig(context_length=448)
+    run = ro.make_rollout(COMPACT, lfm2_model_fn(module), lambda b, n: init_cache(config, b, n), compact_tables, rc,
+                          MODEL_SAMPLING, return_cache=True)
+    examples = ttt.Example(jnp.asarray(np.repeat(np.arange(4), 4), jnp.uint32), jnp.full((16,), 0.5, jnp.float32))
+    traj, cache = run(params, examples, jax.random.PRNGKey(3))
+    return run, examples, traj, cache
 
 
 def test_model_rollout_masks_logprobs_and_cache_match_a_full_forward(tiny_model, model_games, compact_tables):
     config, module, params = tiny_model
-    run, seeds, probs, traj, cache = model_games
+    run, examples, traj, cache = model_games
     np.testing.assert_array_equal(cache.lengths, traj.length)
     mask = np.asarray(traj.loss_mask).astype(bool)
     np.testing.assert_array_equal(mask.sum(1), np.asarray(traj.reply_lengths).sum(1))
@@ -247,27 +263,27 @@ def test_model_rollout_masks_logprobs_and_cache_match_a_full_forward(tiny_model,
 
 def test_same_key_same_games(tiny_model, model_games, tok):
     config, module, params = tiny_model
-    run, seeds, probs, traj, cache = model_games
-    again, _ = run(params, seeds, probs, jax.random.PRNGKey(3))
+    run, examples, traj, cache = model_games
+    again, _ = run(params, examples, jax.random.PRNGKey(3))
     np.testing.assert_array_equal(again.tokens, traj.tokens)
-    other, _ = run(params, seeds, probs, jax.random.PRNGKey(4))
+    other, _ = run(params, examples, jax.random.PRNGKey(4))
     assert not np.array_equal(other.tokens, traj.tokens)
 
 
 def test_cache_stages_change_nothing_but_the_cache_size(tiny_model, model_games, compact_tables):
     """A cache grown in stages gives the same games, tokens and log-probs as one full-size cache."""
     config, module, params = tiny_model
-    run, seeds, probs, traj, cache = model_games
-    rc = ro.RolloutConfig(context_length=448, sampling=sampling.SamplingConfig(temperature=1.0, max_new_tokens=12),
-                          cache_stages=3)
-    plan = ro.cache_stage_plan(rc, compact_tables.prefix.shape[0], compact_tables.max_msg + 1)
-    assert len(plan) >= 2 and plan[-1] == (rc.env.max_turns, 448)  # stages that reach 448 merge
+    run, examples, traj, cache = model_games
+    rc = ro.RolloutConfig(context_length=448, cache_stages=3)
+    plan = ro.cache_stage_plan(rc, MODEL_SAMPLING.max_new_tokens, compact_tables.prefix.shape[0],
+                               compact_tables.max_msg + 1)
+    assert len(plan) >= 2 and plan[-1] == (rc.max_turns, 448)  # stages that reach 448 merge
     assert [p for _, p in plan] == sorted(p for _, p in plan) and plan[0][1] < 448
-    staged = ro.make_rollout(sampling.lfm2_model_fn(module), lambda b, n: init_cache(config, b, n), compact_tables,
-                             rc, return_cache=True)
-    again, staged_cache = staged(params, seeds, probs, jax.random.PRNGKey(3))
+    staged = ro.make_rollout(COMPACT, lfm2_model_fn(module), lambda b, n: init_cache(config, b, n), compact_tables,
+                             rc, MODEL_SAMPLING, return_cache=True)
+    again, staged_cache = staged(params, examples, jax.random.PRNGKey(3))
     np.testing.assert_array_equal(again.tokens, traj.tokens)
-    np.testing.assert_array_equal(again.outcome, traj.outcome)
+    np.testing.assert_array_equal(outcome(again), outcome(traj))
     np.testing.assert_allclose(again.logprobs, traj.logprobs, atol=1e-5)
     assert staged_cache.max_len == cache.max_len == 448
     np.testing.assert_array_equal(staged_cache.lengths, cache.lengths)
@@ -277,15 +293,16 @@ def test_cache_stage_plan_covers_every_turn():
     tables_len, chunk = 60, 80
     for turns in (1, 2, 5, 8):
         for stages in (1, 2, 3, 8, 20):
-            rc = ro.RolloutConfig(context_length=1024, sampling=sampling.SamplingConfig(max_new_tokens=24),
-                                  env=ttt.EnvParams(max_turns=turns), cache_stages=stages)
-            plan = ro.cache_stage_plan(rc, tables_len, chunk)
+            rc = ro.RolloutConfig(context_length=1024, max_turns=turns, cache_stages=stages)
+            plan = ro.cache_stage_plan(rc, 24, tables_len, chunk)
             ends = [e for e, _ in plan]
             assert ends == sorted(set(ends)) and ends[-1] == turns and plan[-1][1] == 1024
             for end, positions in plan:  # each stage's cache holds what its last turn can reach
                 assert positions >= min(1024, tables_len + end * (chunk + 24))
     with pytest.raises(ValueError, match="cache_stages"):
         ro.RolloutConfig(cache_stages=0)
+    with pytest.raises(ValueError, match="max_turns"):
+        ro.RolloutConfig(max_turns=0)
 
 
 def _opponent_replies(conversation: str) -> dict[tuple, int]:
@@ -314,10 +331,8 @@ def test_games_with_equal_seeds_meet_equal_opponent_replies_on_equal_boards(tok,
     replies = [[f"<move>{rng.randrange(9)}</move>" for _ in range(MAX_TURNS)] for _ in range(32)]
     reply_tokens, reply_lengths = ro.script_replies(tok, replies, MAX_TURNS, MAX_NEW)
     policy = ro.scripted_policy(reply_tokens, reply_lengths, tables.eos_id)
-    config = ro.RolloutConfig(context_length=CONTEXT, sampling=sampling.SamplingConfig(max_new_tokens=MAX_NEW))
-    seeds = jnp.asarray([11] * 16 + [12] * 16, jnp.uint32)
-    probs = jnp.full((32,), 0.6, jnp.float32)
-    traj = jax.jit(lambda s, p, k: ro.rollout(policy, None, None, None, tables, s, p, k, config))(seeds, probs, jax.random.PRNGKey(0))
+    config = ro.RolloutConfig(context_length=CONTEXT, max_turns=MAX_TURNS)
+    traj = scripted_rollout(tables, policy, [11] * 16 + [12] * 16, np.full(32, 0.6), config)
     shared = 0
     for group in (range(16), range(16, 32)):
         seen: dict[tuple, int] = {}
@@ -332,15 +347,20 @@ def test_games_with_equal_seeds_meet_equal_opponent_replies_on_equal_boards(tok,
 
 def test_jsonl_writer_and_game_records(tok, scripted_games, tmp_path):
     host, traj = scripted_games
-    path = ro.write_games_jsonl(tmp_path / "games.jsonl", tok, traj, indices=[0, 1, 2])
+    path = ro.write_games_jsonl(tmp_path / "games.jsonl", ENV, tok, traj, indices=[0, 1, 2])
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     assert [r["index"] for r in rows] == [0, 1, 2]
     assert rows[0]["conversation"] == ro.decode_game(tok, traj, 0)
-    assert rows[1]["outcome"] in ro.OUTCOME_NAMES.values()
+    names = {ttt.OUTCOME_WIN: "win", ttt.OUTCOME_DRAW: "draw", ttt.OUTCOME_LOSS: "loss", 4: "unfinished"}
+    for r, o in zip(rows, outcome(traj)[:3]):
+        assert r["outcome"] == names[int(o)] and r["seed"] == int(traj.examples.seed[r["index"]])
+        assert set(r["metrics"]) == {"win", "draw", "loss", "unfinished", "invalid", "missing"}
+        assert set(r["reward_parts"]) == {"win", "format", "invalid"} and len(r["reply_kinds"]) == r["turns"]
 
 
 def test_context_too_small_for_one_turn_is_refused(tables):
-    config = ro.RolloutConfig(context_length=100, sampling=sampling.SamplingConfig(max_new_tokens=MAX_NEW))
+    config = ro.RolloutConfig(context_length=100, max_turns=MAX_TURNS)
     policy = ro.scripted_policy(jnp.zeros((1, MAX_TURNS, MAX_NEW), jnp.int32), jnp.zeros((1, MAX_TURNS), jnp.int32), tables.eos_id)
+    examples = ttt.Example(jnp.zeros((1,), jnp.uint32), jnp.zeros((1,)))
     with pytest.raises(ValueError, match="raise context_length"):
-        ro.rollout(policy, None, None, None, tables, jnp.zeros((1,), jnp.uint32), jnp.zeros((1,)), jax.random.PRNGKey(0), config)
+        ro.rollout(ENV, policy, None, None, None, tables, examples, jax.random.PRNGKey(0), config, SCRIPTED)

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxrl_llm.sampling import SamplingConfig, lfm2_model_fn, make_sampler, process_logits, sample
+from jaxrl_llm.generate import SamplingConfig, lfm2_model_fn, make_sampler, process_logits, sample
 from models.lfm2 import PRESETS, Lfm2ForCausalLM, init_cache
 
 VOCAB = 32
@@ -232,11 +232,14 @@ def test_sample_traces_inside_an_outer_jit(tiny):
 
 
 def test_bad_sampling_config_is_refused():
-    with pytest.raises(ValueError, match="temperature must be > 0"):
+    with pytest.raises(ValueError, match="temperature: must be > 0"):
         SamplingConfig(temperature=0.0)
-    with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\]"):
+    for bad in (float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="temperature: must be a finite number"):
+            SamplingConfig(temperature=bad)
+    with pytest.raises(ValueError, match=r"top_p: must be in \(0, 1\]"):
         SamplingConfig(top_p=0.0)
-    with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\]"):
+    with pytest.raises(ValueError, match=r"top_p: must be in \(0, 1\]"):
         SamplingConfig(top_p=1.5)
     with pytest.raises(ValueError, match="max_new_tokens"):
         SamplingConfig(max_new_tokens=0)
@@ -256,7 +259,7 @@ SHARDED = textwrap.dedent(
     """
     import dataclasses, jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from jaxrl_llm.sampling import SamplingConfig, lfm2_model_fn, make_sampler
+    from jaxrl_llm.generate import SamplingConfig, lfm2_model_fn, make_sampler
     from models.lfm2 import PRESETS, Lfm2ForCausalLM, init_cache
     assert jax.device_count() == 8, jax.devices()
     config = dataclasses.replace(PRESETS["tiny"], vocab_size=32)

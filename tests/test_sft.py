@@ -1,4 +1,5 @@
-"""SFT: expert games on device, their rendering, dataset I/O, assistant-only masks, the loss and a short run."""
+"""SFT: Tic-Tac-Toe's teachers (expert games on device, the tree, their rendering), dataset I/O, assistant-only
+masks, the loss and a short run."""
 
 import dataclasses
 import json
@@ -12,13 +13,15 @@ import numpy as np
 import pytest
 
 from envs import tictactoe as ttt
-from jaxrl_llm import sft, sft_data, text
-from jaxrl_llm.optim import OptimConfig
-from jaxrl_llm.tokenizer import load_tokenizer
+from envs.tictactoe import teacher
+from envs.tictactoe import text
+from jaxrl_llm.algos import sft
+from jaxrl_llm.algos.optim import OptimConfig
+from jaxrl_llm.data import sft_data
+from jaxrl_llm.text import load_tokenizer
 
 NUM_GAMES = 256  # one compiled generator (and replay) serves every test
 REPLY_RE = re.compile(r"^<think>(.*)</think>\n<move>([0-8])</move>$")
-PARAMS = ttt.EnvParams(max_turns=8)
 
 
 @pytest.fixture(scope="module")
@@ -29,22 +32,22 @@ def tok():
 @pytest.fixture(scope="module")
 def perfect_games():
     """Teacher without exploration (its moves must all be optimal)."""
-    return sft_data.generate_expert_games(jax.random.PRNGKey(0), NUM_GAMES, teacher_random_move_prob=0.0,
+    return teacher.generate_expert_games(jax.random.PRNGKey(0), NUM_GAMES, teacher_random_move_prob=0.0,
                                           opponent_p_range=(0.0, 1.0))
 
 
 @pytest.fixture(scope="module")
 def explore_games():
     """Teacher exploring 40% of the time (some games are lost and must be filtered out)."""
-    return sft_data.generate_expert_games(jax.random.PRNGKey(1), NUM_GAMES, teacher_random_move_prob=0.4,
+    return teacher.generate_expert_games(jax.random.PRNGKey(1), NUM_GAMES, teacher_random_move_prob=0.4,
                                           opponent_p_range=(0.0, 0.5))
 
 
 @pytest.fixture(scope="module")
 def rows(perfect_games, explore_games):
     return {
-        "reference": sft_data.games_to_rows(perfect_games, "reference"),
-        "compact": sft_data.games_to_rows(explore_games, "compact"),
+        "reference": teacher.games_to_rows(perfect_games, "reference"),
+        "compact": teacher.games_to_rows(explore_games, "compact"),
     }
 
 
@@ -66,10 +69,10 @@ def py_kind(board, move):
 @jax.jit
 def _replay(seeds, p, moves):
     """Replay recorded moves int32[R, 5] (-1 padding never reaches a live game) -> per-turn states."""
-    start = jax.vmap(ttt.reset, in_axes=(0, 0, None))(seeds, p, PARAMS)
+    start = jax.vmap(ttt.reset)(seeds, p)
 
     def turn(state, move):
-        new = jax.vmap(ttt.step, in_axes=(0, 0, None))(state, move, PARAMS)
+        new = jax.vmap(ttt.step)(state, move)
         return new, new
 
     _, states = jax.lax.scan(turn, start, moves.T)
@@ -80,7 +83,7 @@ def replay_rows(rows):
     """Replay rows (padded to NUM_GAMES, so one compilation serves every call)."""
     seeds = np.zeros(NUM_GAMES, np.uint32)
     p = np.zeros(NUM_GAMES, np.float32)
-    moves = np.full((NUM_GAMES, sft_data.MAX_MODEL_MOVES), -1, np.int32)
+    moves = np.full((NUM_GAMES, teacher.MAX_MODEL_MOVES), -1, np.int32)
     for i, r in enumerate(rows):
         seeds[i] = r["info"]["example_seed"]
         p[i] = r["info"]["random_move_prob"]
@@ -97,17 +100,17 @@ _optimal_x = jax.jit(jax.vmap(lambda board: ttt.optimal_moves(board, ttt.X)))
 
 
 def test_move_kind_examples():
-    move_kind = jax.jit(sft_data.move_kind)
+    move_kind = jax.jit(teacher.move_kind)
     b = np.zeros(9, np.int8)
     x, o = ttt.X, ttt.O
     win = b.copy(); win[[0, 1]] = x; win[[3, 4]] = o  # noqa: E702
-    assert int(move_kind(win, 2)) == sft_data.MOVE_WIN
-    assert int(move_kind(win, 5)) == sft_data.MOVE_BLOCK  # O would complete 3-4-5
-    assert int(move_kind(win, 8)) == sft_data.MOVE_CORNER
-    assert int(move_kind(b, 4)) == sft_data.MOVE_CENTRE
-    assert int(move_kind(b, 7)) == sft_data.MOVE_OTHER
+    assert int(move_kind(win, 2)) == teacher.MOVE_WIN
+    assert int(move_kind(win, 5)) == teacher.MOVE_BLOCK  # O would complete 3-4-5
+    assert int(move_kind(win, 8)) == teacher.MOVE_CORNER
+    assert int(move_kind(b, 4)) == teacher.MOVE_CENTRE
+    assert int(move_kind(b, 7)) == teacher.MOVE_OTHER
     both = b.copy(); both[[0, 1]] = x; both[[5, 8]] = o  # noqa: E702  cell 2 wins for X and blocks O
-    assert int(move_kind(both, 2)) == sft_data.MOVE_WIN
+    assert int(move_kind(both, 2)) == teacher.MOVE_WIN
 
 
 def test_games_legal_finished_optimal(perfect_games, explore_games):
@@ -123,7 +126,7 @@ def test_games_legal_finished_optimal(perfect_games, explore_games):
         is_opt = optimal[np.arange(len(moves)), moves]
         explored = games.explored[live]
         assert is_opt[~explored].all()  # a move that did not explore is always optimal
-        kinds = [sft_data.MOVE_KIND_NAMES[k] for k in games.kinds[live]]
+        kinds = [teacher.MOVE_KIND_NAMES[k] for k in games.kinds[live]]
         assert kinds == [py_kind(list(bd), int(m)) for bd, m in zip(boards, moves)]
         if optimal_teacher:
             assert not explored.any() and is_opt.all()
@@ -138,7 +141,7 @@ def test_rows_drop_lost_games(explore_games, rows):
     kept = np.isin(explore_games.outcome, [ttt.OUTCOME_WIN, ttt.OUTCOME_DRAW])
     assert len(rows["compact"]) == kept.sum() < NUM_GAMES
     assert {r["info"]["outcome"] for r in rows["compact"]} <= {"win", "draw"}
-    with_losses = sft_data.games_to_rows(explore_games, "compact", keep_losses=True)
+    with_losses = teacher.games_to_rows(explore_games, "compact", keep_losses=True)
     assert len(with_losses) == NUM_GAMES
 
 
@@ -177,7 +180,7 @@ def test_reasoning_matches_move_kind(rows):
             board = start.board[i]
             for t, move in enumerate(r["info"]["moves"]):
                 reasoning = REPLY_RE.match(r["completion"][2 * t]["content"]).group(1)
-                kind = sft_data.MOVE_KIND_NAMES[sft_data.kind_of_reasoning(reasoning)]
+                kind = teacher.MOVE_KIND_NAMES[teacher.kind_of_reasoning(reasoning)]
                 assert kind == py_kind(list(board), move) == r["info"]["move_kinds"][t]
                 after = jax.tree.map(lambda a: a[t, i], states)
                 if kind == "win":  # a win phrase only where the move wins, and every winning move says so
@@ -186,21 +189,21 @@ def test_reasoning_matches_move_kind(rows):
                     assert kind == "win"
                 seen.add(kind)
                 board = after.board
-    assert seen == set(sft_data.MOVE_KIND_NAMES)
+    assert seen == set(teacher.MOVE_KIND_NAMES)
     with pytest.raises(ValueError):
-        sft_data.kind_of_reasoning("I like this cell.")
+        teacher.kind_of_reasoning("I like this cell.")
 
 
 def test_generation_argument_errors():
     key = jax.random.PRNGKey(0)
     with pytest.raises(ValueError, match="teacher_random_move_prob"):
-        sft_data.generate_expert_games(key, 4, teacher_random_move_prob=1.5)
+        teacher.generate_expert_games(key, 4, teacher_random_move_prob=1.5)
     with pytest.raises(ValueError, match="p_min <= p_max"):
-        sft_data.generate_expert_games(key, 4, opponent_p_range=(0.6, 0.2))
+        teacher.generate_expert_games(key, 4, opponent_p_range=(0.6, 0.2))
     with pytest.raises(ValueError, match="num_games"):
-        sft_data.generate_expert_games(key, 0)
+        teacher.generate_expert_games(key, 0)
     with pytest.raises(ValueError, match="preset"):
-        sft_data.make_expert_dataset(key, 4, preset="nope")
+        teacher.expert_rows(key, 4, preset="nope")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -369,23 +372,28 @@ def test_sft_loss_uses_target_positions():
 def test_sft_config_errors():
     sft.SftConfig()  # the defaults are valid
     for kwargs, match in [
-        ({"steps": 0}, "steps"), ({"batch_size": 1.5}, "batch_size"), ({"seq_len": 1}, "seq_len"),
-        ({"num_games": True}, "num_games"), ({"teacher_random_move_prob": -0.1}, "teacher_random_move_prob"),
-        ({"opponent_p_min": 0.8, "opponent_p_max": 0.2}, "opponent_p_min <= opponent_p_max"),
-        ({"opponent_p_max": 2.0}, "opponent_p_max"), ({"preset": "fancy"}, "preset"),
+        ({"steps": -1}, "steps"), ({"batch_size": 1.5}, "batch_size"), ({"seq_len": 1}, "seq_len"),
         ({"overflow": "wrap"}, "overflow"), ({"optim": {"learning_rate": 1e-3}}, "optim"),
+        ({"check_every": -1}, "check_every"), ({"stop_when_exact": True}, "stop_when_exact"),
     ]:
         with pytest.raises(ValueError, match=match):
             sft.SftConfig(**kwargs)
+    for kwargs, match in [
+        ({"num_games": True}, "num_games"), ({"explore_prob": -0.1}, "explore_prob"),
+        ({"opponent_p_min": 0.8, "opponent_p_max": 0.2}, "opponent_p_max"), ({"opponent_p_max": 2.0}, "opponent_p_max"),
+        ({"kind": "greedy"}, "kind"), ({"reasoning": "long"}, "reasoning"), ({"tree_copies": 2}, "deterministic"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            teacher.Teacher(**kwargs)
 
 
 def test_tiny_model_loss_falls(tok):
     from models.lfm2 import PRESETS, Lfm2ForCausalLM
 
-    config = sft.SftConfig(steps=30, batch_size=8, seq_len=256, num_games=NUM_GAMES, preset="compact",
-                           teacher_random_move_prob=0.1,
+    config = sft.SftConfig(steps=30, batch_size=8, seq_len=256, check_every=10, stop_when_exact=True,
                            optim=OptimConfig(learning_rate=1e-2, warmup_steps=2, schedule="cosine"))
-    dataset = sft.make_sft_dataset(config, jax.random.PRNGKey(3))
+    dataset = sft_data.rows_to_dataset(teacher.Teacher(num_games=NUM_GAMES, explore_prob=0.1, opponent_p_min=0.0,
+                                                       opponent_p_max=1.0).rows(jax.random.PRNGKey(3), "compact", 8))
     assert 150 <= len(dataset) <= NUM_GAMES
     tiny = PRESETS["tiny"]  # two of its layers (one conv, one attention) keep the compile short on 2 CPU cores
     module = Lfm2ForCausalLM(dataclasses.replace(tiny, vocab_size=len(tok), num_hidden_layers=2,
@@ -396,8 +404,8 @@ def test_tiny_model_loss_falls(tok):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # games longer than 256 tokens are truncated
         trained, history = sft.train_sft(module, params, tok, dataset, config, jax.random.PRNGKey(4),
-                                         callback=lambda step, m: seen.append(step), check_rows=[dataset[i] for i in range(16)],
-                                         check_every=10, stop_when_exact=True)
+                                         callback=lambda step, m: seen.append(step),
+                                         check_rows=[dataset[i] for i in range(16)])
     assert seen == list(range(30)) and len(history) == 30  # never exact: all the steps run
     checked = [i for i, h in enumerate(history) if "check_exact" in h]
     assert checked == [9, 19, 29] and all(0 <= history[i]["check_token_accuracy"] <= 1 for i in checked)
@@ -447,7 +455,7 @@ def _ref_best_policy():
 def test_best_teacher_table_equals_an_independent_dp_on_every_reachable_position():
     from reference_tictactoe import X, ref_finished, ref_index, reachable_positions
 
-    table = sft_data.best_move_table()
+    table = teacher.best_move_table()
     win_prob, rate = _ref_best_policy()
     checked = 0
     for board, to_move in reachable_positions():
@@ -456,29 +464,29 @@ def test_best_teacher_table_equals_an_independent_dp_on_every_reachable_position
         assert table[ref_index(board)] == win_prob(board, True)[1], board
         checked += 1
     assert checked > 2000
-    assert abs(sft_data.teacher_win_rate_vs_random() - rate) < 1e-12
+    assert abs(teacher.teacher_win_rate_vs_random() - rate) < 1e-12
     assert 0.955 < rate < 0.956  # the spec's "limits of the game": above the uniform teacher's 87.3 %
 
 
 def test_best_teacher_games_never_lose_and_reply_without_reasoning(tok):
-    games = sft_data.generate_expert_games(jax.random.PRNGKey(5), NUM_GAMES, teacher_random_move_prob=0.0,
+    games = teacher.generate_expert_games(jax.random.PRNGKey(5), NUM_GAMES, teacher_random_move_prob=0.0,
                                            opponent_p_range=(0.0, 1.0), teacher="best")
     assert set(np.unique(games.outcome)) <= {ttt.OUTCOME_WIN, ttt.OUTCOME_DRAW}
-    table = sft_data.best_move_table()
+    table = teacher.best_move_table()
     for i in range(NUM_GAMES):
         for t in range(int(games.num_moves[i])):
             index = int((games.boards[i, t].astype(np.int64) * 3 ** np.arange(9)).sum())
             assert games.moves[i, t] == table[index]
-    rows = sft_data.games_to_rows(games, "tiny", reasoning="none")
+    rows = teacher.games_to_rows(games, "tiny", reasoning="none")
     assert len(rows) == NUM_GAMES
     for row in rows[:20]:
         for message in row["completion"]:
             if message["role"] == "assistant":
                 assert REPLY_RE.match(message["content"]).group(1) == ""
     with pytest.raises(ValueError, match="teacher"):
-        sft_data.generate_expert_games(jax.random.PRNGKey(0), 4, teacher="greedy")
+        teacher.generate_expert_games(jax.random.PRNGKey(0), 4, teacher="greedy")
     with pytest.raises(ValueError, match="reasoning"):
-        sft_data.games_to_rows(games, "tiny", reasoning="long")
+        teacher.games_to_rows(games, "tiny", reasoning="long")
 
 
 def _game_key(games, i):
@@ -490,20 +498,20 @@ def _game_key(games, i):
 
 
 def test_exhaustive_games_are_the_whole_tree_the_teacher_can_meet():
-    tree = sft_data.exhaustive_expert_games()
+    tree = teacher.exhaustive_expert_games()
     keys = {_game_key(tree, i) for i in range(len(tree.seed))}
     assert len(keys) == len(tree.seed) == 738  # no game twice
     assert set(np.unique(tree.outcome)) <= {ttt.OUTCOME_WIN, ttt.OUTCOME_DRAW}
     # Every game the device generator plays (env.step, the env's opponent at p = 1 and p = 0) is in the tree.
     for p_range, seed in (((1.0, 1.0), 6), ((0.0, 0.0), 7), ((0.0, 1.0), 8)):
-        played = sft_data.generate_expert_games(jax.random.PRNGKey(seed), NUM_GAMES, teacher="best",
+        played = teacher.generate_expert_games(jax.random.PRNGKey(seed), NUM_GAMES, teacher="best",
                                                 opponent_p_range=p_range)
         for i in range(NUM_GAMES):
             assert _game_key(played, i) in keys
     # The tree holds every X-to-move position of the teacher's play against any opponent (independent walk).
     from reference_tictactoe import EMPTY, O, X, ref_finished, ref_index
 
-    table = sft_data.best_move_table()
+    table = teacher.best_move_table()
     faced, stack = set(), [(EMPTY,) * 9] + [tuple(O if c == k else EMPTY for c in range(9)) for k in range(9)]
     while stack:
         board = stack.pop()
@@ -522,20 +530,20 @@ def test_exhaustive_games_are_the_whole_tree_the_teacher_can_meet():
 
 
 def test_tree_copies_are_added_to_the_dataset_and_need_the_best_teacher():
-    ds = sft_data.make_expert_dataset(jax.random.PRNGKey(0), 8, teacher_random_move_prob=0.0, teacher="best",
-                                      opponent_p_range=(0.0, 1.0), preset="tiny", reasoning="none", tree_copies=2)
+    ds = teacher.expert_rows(jax.random.PRNGKey(0), 8, teacher_random_move_prob=0.0, teacher="best",
+                             opponent_p_range=(0.0, 1.0), preset="tiny", reasoning="none", tree_copies=2)
     assert len(ds) == 8 + 2 * 738
     assert ds[8]["info"]["random_move_prob"] == -1.0
     with pytest.raises(ValueError, match="deterministic teacher"):
-        sft_data.make_expert_dataset(jax.random.PRNGKey(0), 8, teacher="uniform", tree_copies=1)
+        teacher.expert_rows(jax.random.PRNGKey(0), 8, teacher="uniform", tree_copies=1)
     with pytest.raises(ValueError, match="max_turns"):
-        sft_data.make_expert_dataset(jax.random.PRNGKey(0), 8, teacher="best", teacher_random_move_prob=0.0,
-                                     tree_copies=1, max_turns=3)
+        teacher.expert_rows(jax.random.PRNGKey(0), 8, teacher="best", teacher_random_move_prob=0.0,
+                            tree_copies=1, max_turns=3)
 
 
 def test_teacher_forced_check_counts_exact_rows(tok):
     """A 'model' whose logits are the next token itself is exact; one wrong target makes its row inexact."""
-    rows = sft_data.games_to_rows(sft_data.exhaustive_expert_games(), "tiny", reasoning="none")[:5]
+    rows = teacher.games_to_rows(teacher.exhaustive_expert_games(), "tiny", reasoning="none")[:5]
     data = sft.tokenize_sft(tok, rows, 400)
 
     class Oracle:
@@ -553,7 +561,7 @@ def test_teacher_forced_check_counts_exact_rows(tok):
 
 
 def test_baselines_script_plays_every_pair():
-    from jaxrl_llm import baselines
+    from envs.tictactoe import baselines
 
     results = baselines.baseline_results(games=64)
     assert set(results) == set(baselines.PLAYERS)

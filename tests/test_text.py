@@ -1,4 +1,5 @@
-"""The text bridge: presets match the spec, on-device rendering equals the chat template, parsing equals re."""
+"""The text bridge with Tic-Tac-Toe's messages: presets match the spec, on-device rendering equals the chat
+template, parsing equals re (the generic grammars: tests/test_grammar.py)."""
 
 import dataclasses
 import random
@@ -11,8 +12,29 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import reference_text as ref
+from envs import tictactoe as ttt
+from envs.tictactoe import text as ttt_text
 from jaxrl_llm import text
-from jaxrl_llm.tokenizer import CHAT_TEMPLATE, load_tokenizer
+from jaxrl_llm.text import grammar
+from jaxrl_llm.text.tokenizer import CHAT_TEMPLATE, load_tokenizer
+
+
+def env_of(preset: str) -> ttt.TicTacToe:
+    return ttt.TicTacToe(ttt.Params(prompt=preset))
+
+
+GRAMMAR = env_of("reference").reply_grammar(ttt.Params())
+
+
+def parse_bytes(data, valid):
+    """Tic-Tac-Toe's view of the generic parser: (move -1 / 0..8 / 9, format_ok)."""
+    reply = grammar.parse_bytes(GRAMMAR, data, valid)
+    return ttt.move_of(reply), reply.format_ok
+
+
+def parse_reply(tables, tokens, length):
+    reply = grammar.parse_reply(tables, GRAMMAR, tokens, length)
+    return ttt.move_of(reply), reply.format_ok
 
 LFM2_SPECIALS = ["<|pad|>", "<|startoftext|>", "<|endoftext|>", "<|fim_pre|>", "<|fim_mid|>", "<|fim_suf|>",
                  "<|im_start|>", "<|im_end|>"]
@@ -79,7 +101,7 @@ def tok2():
 
 @pytest.fixture(scope="module")
 def tables(tok):
-    return text.build_text_tables(tok, text.PRESETS["reference"])
+    return text.tables_for_env(tok, env_of("reference"))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -88,16 +110,19 @@ def tables(tok):
 
 
 def test_reference_preset_is_the_spec():
-    preset = text.PRESETS["reference"]
-    assert text.system_prompt(preset) == ref.SYSTEM_PROMPT
+    preset = ttt_text.PRESETS["reference"]
+    assert ttt_text.system_prompt(preset) == ref.SYSTEM_PROMPT
     rng = random.Random(0)
     for _ in range(300):
         board = [rng.choice([0, 0, 1, 2]) for _ in range(9)]
         status, k = rng.randrange(9), rng.randrange(9)
-        assert text.render_message(preset, board, status, k) == ref.message(board, status, k)
-    assert set(text.PRESETS) >= {"reference", "compact"}
-    compact = text.PRESETS["compact"]
-    assert len(text.system_prompt(compact)) < len(text.system_prompt(preset))
+        assert ttt_text.render_message(preset, board, status, k) == ref.message(board, status, k)
+        # the slots' pieces at the codes of that state are the same text
+        codes = np.asarray(ttt_text.message_codes(_state(board, status, k)))
+        assert ttt_text.message_spec(preset).render(codes.tolist()) == ref.message(board, status, k)
+    assert set(ttt_text.PRESETS) >= {"reference", "compact"}
+    compact = ttt_text.PRESETS["compact"]
+    assert len(ttt_text.system_prompt(compact)) < len(ttt_text.system_prompt(preset))
     with pytest.raises(dataclasses.FrozenInstanceError):
         preset.name = "x"
 
@@ -107,13 +132,26 @@ def test_reference_preset_is_the_spec():
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _state(board, status, k) -> ttt.State:
+    """A game state showing `board` with status `status` and last opponent move k (what a message reads)."""
+    n = np.shape(status)
+    z = np.zeros(n, np.int32)
+    return ttt.State(board=np.asarray(board, np.int8), to_play=np.ones(n, np.int8), turns=z, invalid_moves=z,
+                     missing_moves=z, done=np.asarray(status) >= ttt_text.FIRST_FINAL_STATUS, outcome=z.astype(np.int8),
+                     last_opponent_move=np.asarray(k, np.int8), status=np.asarray(status, np.int8),
+                     seed=z.astype(np.uint32), random_move_prob=z.astype(np.float32))
+
+
+@jax.jit
+def _render(tables, state, first):
+    codes = jax.vmap(ttt_text.message_codes)(state)
+    return jax.vmap(text.render_turn, in_axes=(None, 0, 0, 0))(tables, codes, first, state.done)
+
+
 def _render_batch(tables, turns):
-    boards = jnp.asarray(np.array([t[0] for t in turns], np.int8))
-    statuses = jnp.asarray(np.array([t[1] for t in turns], np.int32))
-    ks = jnp.asarray(np.array([t[2] for t in turns], np.int32))
-    firsts = jnp.asarray(np.array([t[3] for t in turns], bool))
-    fn = jax.jit(jax.vmap(text.render_user_turn, in_axes=(None, 0, 0, 0, 0)))
-    tokens, lengths = fn(tables, boards, statuses, ks, firsts)
+    state = _state(np.array([t[0] for t in turns], np.int8), np.array([t[1] for t in turns], np.int32),
+                   np.array([t[2] for t in turns], np.int32))
+    tokens, lengths = _render(tables, state, jnp.asarray(np.array([t[3] for t in turns], bool)))
     return np.asarray(tokens), np.asarray(lengths)
 
 
@@ -135,7 +173,8 @@ def _check_conversations(tokenizer, preset, tables, n_games, seed, render=ref.me
             cursor += 1
             seen_status.add(messages[i][1])
         seen_first.add(messages[0][1])
-        conv = ref.conversation(messages, replies, len(messages) - 1, system=text.system_prompt(preset), render=render)
+        conv = ref.conversation(messages, replies, len(messages) - 1, system=ttt_text.system_prompt(preset),
+                                render=render)
         final = messages[-1][1] in ref.FINAL
         expected = tokenizer.apply_chat_template(conv, tokenize=True, add_generation_prompt=not final,
                                                  return_dict=False)
@@ -144,35 +183,35 @@ def _check_conversations(tokenizer, preset, tables, n_games, seed, render=ref.me
 
 
 def test_device_conversation_equals_chat_template(tok, tables):
-    _check_conversations(tok, text.PRESETS["reference"], tables, n_games=120, seed=1)
+    _check_conversations(tok, ttt_text.PRESETS["reference"], tables, n_games=120, seed=1)
 
 
 def test_device_conversation_compact_preset(tok):
-    preset = text.PRESETS["compact"]
-    _check_conversations(tok, preset, text.build_text_tables(tok, preset), n_games=60, seed=2)
+    preset = ttt_text.PRESETS["compact"]
+    _check_conversations(tok, preset, text.tables_for_env(tok, env_of("compact")), n_games=60, seed=2)
 
 
 def test_tiny_preset_texts_equal_the_independent_ones():
-    preset = text.PRESETS["tiny"]
-    assert text.system_prompt(preset) == ref.TINY_SYSTEM
+    preset = ttt_text.PRESETS["tiny"]
+    assert ttt_text.system_prompt(preset) == ref.TINY_SYSTEM
     rng = random.Random(4)
     for _ in range(300):
         board = [rng.choice([0, 0, 1, 2]) for _ in range(9)]
         status, k = rng.randrange(9), rng.randrange(9)
-        assert text.render_message(preset, board, status, k) == ref.tiny_message(board, status, k)
+        assert ttt_text.render_message(preset, board, status, k) == ref.tiny_message(board, status, k)
 
 
 @pytest.mark.parametrize("which", ["project", "lfm2-like"])
 def test_device_conversation_tiny_preset(tok, tok2, which):
-    preset = text.PRESETS["tiny"]
+    preset = ttt_text.PRESETS["tiny"]
     tokenizer = tok if which == "project" else tok2
-    _check_conversations(tokenizer, preset, text.build_text_tables(tokenizer, preset), n_games=60, seed=5,
+    _check_conversations(tokenizer, preset, text.tables_for_env(tokenizer, env_of("tiny")), n_games=60, seed=5,
                          render=ref.tiny_message)
 
 
 def test_device_conversation_second_tokenizer(tok2):
-    preset = text.PRESETS["reference"]
-    tables2 = text.build_text_tables(tok2, preset)
+    preset = ttt_text.PRESETS["reference"]
+    tables2 = text.tables_for_env(tok2, env_of("reference"))
     assert tables2.eos_id == 7 and tables2.pad_id == 0
     _check_conversations(tok2, preset, tables2, n_games=80, seed=3)
 
@@ -185,14 +224,16 @@ def test_prefix_is_the_system_message(tok, tables):
 
 def test_hostile_tokenizer_is_detected():
     with pytest.raises(ValueError, match="piece boundary"):
-        text.build_text_tables(hostile_tokenizer(), text.PRESETS["reference"])
+        text.tables_for_env(hostile_tokenizer(), env_of("reference"))
 
 
-def test_render_user_turn_jits_with_scalar_first(tables, tok):
-    board = jnp.array([2, 0, 0, 0, 1, 0, 0, 0, 0], jnp.int8)
-    toks, n = jax.jit(text.render_user_turn, static_argnums=4)(tables, board, 2, 0, False)
+def test_render_turn_jits_with_scalar_first(tables, tok):
+    board = np.array([2, 0, 0, 0, 1, 0, 0, 0, 0], np.int8)
+    codes = ttt_text.message_codes(_state(board, 2, 0))
+    toks, n = jax.jit(text.render_turn, static_argnums=(2, 3))(tables, codes, False, False)
     got = tok.decode(np.asarray(toks[:n]).tolist(), skip_special_tokens=False)
     assert got == "\n<|im_start|>user\n" + ref.message(board.tolist(), 2, 0) + "<|im_end|>\n<|im_start|>assistant\n"
+    assert tables.slot_names == ttt_text.SLOT_NAMES
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -201,7 +242,7 @@ def test_render_user_turn_jits_with_scalar_first(tables, tok):
 
 L = 64
 B = 16
-_parse_bytes = jax.jit(jax.vmap(text.parse_bytes))
+_parse_bytes = jax.jit(jax.vmap(parse_bytes))
 
 
 def _run_bytes(items):
@@ -260,7 +301,7 @@ def test_parse_structured_replies(items):
 def test_parse_every_character_around_a_digit():
     """Exhaustive: every code point below U+3100 (all of str.isspace() but none above it) and a few beyond,
     before and after the digit inside the tag, plus every pair of whitespace characters."""
-    big = jax.jit(jax.vmap(text.parse_bytes))
+    big = jax.jit(jax.vmap(parse_bytes))
     chars = [chr(c) for c in range(0x3100) if not 0xD800 <= c < 0xE000] + ["\ufeff", "\ufffd", "\U0001f600"]
     ws = [chr(c) for c in range(0x110000) if chr(c).isspace()]
     assert max(map(ord, ws)) < 0x3100
@@ -313,7 +354,7 @@ def test_parse_tag_alphabet_text(items):
 
 
 N_TOK = 24
-_parse_reply = jax.jit(jax.vmap(text.parse_reply, in_axes=(None, 0, 0)))
+_parse_reply = jax.jit(jax.vmap(parse_reply, in_axes=(None, 0, 0)))
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,9 @@
-"""Tests of envs.tictactoe against the independent pure-Python reference (tests/reference_tictactoe.py)."""
+"""Tests of the Tic-Tac-Toe game (envs.tictactoe.game) and its rubric (envs.tictactoe.env) against the
+independent pure-Python reference (tests/reference_tictactoe.py)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -13,20 +15,37 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import envs
 from envs import tictactoe as ttt
+from envs.tictactoe import game
 
 sys.path.insert(0, os.path.dirname(__file__))
 import reference_tictactoe as ref  # noqa: E402
 
-PARAMS = ttt.EnvParams()
+ENV = ttt.TicTacToe()
+PARAMS = ENV.params
+NO_LIMIT = 10**6  # the game has no turn limit (the rollout has one): the reference gets none either
 
 # Compiled once, reused by every test.
-reset_j = jax.jit(ttt.reset, static_argnums=2)
-step_j = jax.jit(ttt.step, static_argnums=2)
+reset_j = jax.jit(ttt.reset)
+step_j = jax.jit(ttt.step)
 opponent_j = jax.jit(ttt.opponent_move)
-reward_j = jax.jit(
-    lambda s, f: (ttt.win_reward(s, PARAMS), ttt.invalid_reward(s, PARAMS), ttt.total_reward(s, f, PARAMS))
-)
+
+
+def _episode(state, format_score):
+    return envs.Episode(format_score=jnp.float32(format_score), turns=state.turns, truncated=~state.done,
+                        context_cut=jnp.bool_(False))
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _reward(state, format_score, params):
+    parts = ENV.reward_parts(state, _episode(state, format_score), params)
+    return parts["win"], parts["invalid"], ENV.reward(state, _episode(state, format_score), params)
+
+
+def reward_j(state, format_score, params=PARAMS):
+    """(win part, invalid part, total) of the env's rubric for a final state."""
+    return _reward(state, format_score, params)
 
 
 @jax.jit
@@ -144,28 +163,28 @@ def test_malformed_boards_and_players():
 
 
 def test_step_on_malformed_board_counts_invalid():
-    state = reset_j(jnp.uint32(7), jnp.float32(0.0), PARAMS)
+    state = reset_j(jnp.uint32(7), jnp.float32(0.0))
     state = state._replace(board=jnp.asarray(board_of((0, 1), (1, 1), (2, 1))))
-    new = host(step_j(state, jnp.int32(5), PARAMS))
+    new = host(step_j(state, jnp.int32(5)))
     assert new["invalid_moves"] == 1 and new["status"] == ttt.STATUS_INVALID and not new["done"]
     np.testing.assert_array_equal(new["board"], np.asarray(state.board))
-    new = host(step_j(state, jnp.int32(-1), PARAMS))
+    new = host(step_j(state, jnp.int32(-1)))
     assert new["missing_moves"] == 1 and new["invalid_moves"] == 0
 
 
 def test_step_on_decided_board_of_live_state_counts_invalid():
-    state = reset_j(jnp.uint32(7), jnp.float32(0.0), PARAMS)
+    state = reset_j(jnp.uint32(7), jnp.float32(0.0))
     decided = board_of((0, 2), (1, 2), (2, 2), (3, 1), (4, 1))  # O has a line, state says not done
     state = state._replace(board=jnp.asarray(decided))
-    new = host(step_j(state, jnp.int32(8), PARAMS))
+    new = host(step_j(state, jnp.int32(8)))
     assert new["invalid_moves"] == 1 and new["status"] == ttt.STATUS_INVALID and not new["done"]
     np.testing.assert_array_equal(new["board"], decided)
 
 
 @pytest.mark.parametrize("move", [9, 42, -2, -1000, 2**31 - 1])
 def test_out_of_range_moves_are_invalid(move):
-    state = reset_j(jnp.uint32(11), jnp.float32(0.3), PARAMS)
-    new = host(step_j(state, jnp.int32(move), PARAMS))
+    state = reset_j(jnp.uint32(11), jnp.float32(0.3))
+    new = host(step_j(state, jnp.int32(move)))
     assert new["invalid_moves"] == 1 and new["missing_moves"] == 0 and new["status"] == ttt.STATUS_INVALID
     np.testing.assert_array_equal(new["board"], np.asarray(state.board))
 
@@ -189,13 +208,11 @@ def check_contract_dtypes(s: dict) -> None:
 @given(
     seed=st.integers(0, 2**32 - 1),
     p=st.one_of(st.sampled_from([0.0, 1.0]), st.floats(0.0, 1.0)),
-    max_turns=st.sampled_from([1, 2, 8]),  # few distinct static params: few compilations
     format_score=st.floats(0.0, 1.0),
     data=st.data(),
 )
-def test_random_games_follow_the_reference(seed, p, max_turns, format_score, data):
-    params = ttt.EnvParams(max_turns=max_turns)
-    state = reset_j(jnp.uint32(seed), jnp.float32(p), params)
+def test_random_games_follow_the_reference(seed, p, format_score, data):
+    state = reset_j(jnp.uint32(seed), jnp.float32(p))
     s = host(state)
     check_contract_dtypes(s)
     assert s["turns"] == 0 and not s["done"] and s["to_play"] == 1
@@ -205,16 +222,16 @@ def test_random_games_follow_the_reference(seed, p, max_turns, format_score, dat
         assert s["status"] == ttt.STATUS_START_MODEL_FIRST
         assert (s["board"] == 0).all() and s["last_opponent_move"] == -1
     # Same (seed, p) -> same start.
-    again = host(reset_j(jnp.uint32(seed), jnp.float32(p), params))
+    again = host(reset_j(jnp.uint32(seed), jnp.float32(p)))
     for k in s:
         np.testing.assert_array_equal(s[k], again[k])
 
-    game = ref.RefGame(board=[int(v) for v in s["board"]], max_turns=max_turns)
+    game = ref.RefGame(board=[int(v) for v in s["board"]], max_turns=NO_LIMIT)
     for _ in range(12):
         free = [int(c) for c in np.flatnonzero(s["board"] == 0)]
         options = st.integers(-3, 12) if not free else st.one_of(st.sampled_from(free), st.integers(-3, 12))
         move = data.draw(options, label="move")
-        next_state = step_j(state, jnp.int32(move), params)
+        next_state = step_j(state, jnp.int32(move))
         new = host(next_state)
         check_contract_dtypes(new)
         if s["done"]:  # a finished game never changes
@@ -241,35 +258,67 @@ def test_random_games_follow_the_reference(seed, p, max_turns, format_score, dat
         assert new["status"] == game.status
         assert new["to_play"] == (0 if game.done else 1)
         if new["status"] in (ttt.STATUS_INVALID, ttt.STATUS_NO_MOVE):
-            # An unusable reply changes only its counter, turns, status (and done at the limit).
+            # An unusable reply changes only its counter, turns and status.
             for k in ("board", "last_opponent_move", "seed", "random_move_prob"):
                 np.testing.assert_array_equal(new[k], s[k])
         state, s = next_state, new
 
     win, invalid, total = (float(x) for x in reward_j(state, jnp.float32(format_score)))
-    expected = ref.ref_total_reward(int(s["outcome"]), int(s["invalid_moves"]), format_score)
+    outcome = int(s["outcome"]) if s["done"] else ref.UNFINISHED
+    expected = ref.ref_total_reward(outcome, int(s["invalid_moves"]), format_score)
     assert math.isclose(total, expected, abs_tol=1e-5)
     assert math.isclose(invalid, -0.1 if s["invalid_moves"] > 0 else 0.0, abs_tol=1e-7)
     assert win == {ttt.OUTCOME_WIN: 1.0, ttt.OUTCOME_DRAW: 0.5}.get(int(s["outcome"]), 0.0)
 
 
 def test_unfinished_and_reward_parts():
-    params = ttt.EnvParams(max_turns=2)
-    state = reset_j(jnp.uint32(1), jnp.float32(0.0), params)
-    state = step_j(state, jnp.int32(-1), params)
-    assert not bool(state.done)
-    state = step_j(state, jnp.int32(ttt.INVALID_MOVE), params)
+    state = reset_j(jnp.uint32(1), jnp.float32(0.0))
+    state = step_j(state, jnp.int32(-1))
+    state = step_j(state, jnp.int32(ttt.INVALID_MOVE))
     s = host(state)
-    assert s["done"] and s["outcome"] == ttt.OUTCOME_UNFINISHED and s["status"] == ttt.STATUS_INVALID
-    assert s["to_play"] == 0 and s["missing_moves"] == 1 and s["invalid_moves"] == 1
-    assert math.isclose(float(ttt.total_reward(state, 1.0, params)), 0.0 + 0.2 - 0.1, abs_tol=1e-6)
-    custom = ttt.EnvParams(win_value=2.0, draw_value=1.0, loss_value=-1.0, invalid_penalty=-0.5,
-                           win_weight=0.5, format_weight=0.0, invalid_weight=2.0)  # fmt: skip
-    for outcome, win in [(ttt.OUTCOME_WIN, 2.0), (ttt.OUTCOME_DRAW, 1.0), (ttt.OUTCOME_LOSS, -1.0),
-                         (ttt.OUTCOME_UNFINISHED, -1.0)]:  # fmt: skip
-        st_ = state._replace(outcome=jnp.int8(outcome))
-        assert float(ttt.win_reward(st_, custom)) == win
-        assert math.isclose(float(ttt.total_reward(st_, 0.7, custom)), 0.5 * win - 1.0, abs_tol=1e-6)
+    assert not s["done"] and s["outcome"] == ttt.OUTCOME_ONGOING and s["status"] == ttt.STATUS_INVALID
+    assert s["to_play"] == 1 and s["missing_moves"] == 1 and s["invalid_moves"] == 1 and s["turns"] == 2
+    # Stopped there (by the rollout's turn limit): unfinished, the win part is the loss value.
+    assert math.isclose(float(reward_j(state, jnp.float32(1.0))[2]), 0.0 + 0.2 - 0.1, abs_tol=1e-6)
+    metrics = ENV.metrics(state, _episode(state, 1.0), PARAMS)
+    assert {k: float(v) for k, v in metrics.items()} == {"win": 0, "draw": 0, "loss": 0, "unfinished": 1,
+                                                        "invalid": 1, "missing": 1}
+    custom = ttt.Params(win_value=2.0, draw_value=1.0, loss_value=-1.0, invalid_penalty=-0.5,
+                        win_weight=0.5, format_weight=0.0, invalid_weight=2.0)  # fmt: skip
+    assert [(p.name, p.weight) for p in ENV.rubric(custom)] == [("win", 0.5), ("format", 0.0), ("invalid", 2.0)]
+    for outcome, done, win in [(ttt.OUTCOME_WIN, True, 2.0), (ttt.OUTCOME_DRAW, True, 1.0),
+                               (ttt.OUTCOME_LOSS, True, -1.0), (ttt.OUTCOME_ONGOING, False, -1.0)]:  # fmt: skip
+        st_ = state._replace(outcome=jnp.int8(outcome), done=jnp.bool_(done))
+        w, _, total = reward_j(st_, jnp.float32(0.7), custom)
+        assert float(w) == win
+        assert math.isclose(float(total), 0.5 * win - 1.0, abs_tol=1e-6)
+
+
+def test_the_two_halves_of_a_step_compose_to_step():
+    """model_move then opponent_move_applied (the person's move in `play`) is `step` with the opponent's own
+    choice, and model_move alone is `step` when the game ends or the reply is not a move."""
+    rng = np.random.default_rng(5)
+    model = jax.jit(ttt.model_move)
+    opponent = jax.jit(ttt.opponent_move_applied)
+    checked = 0
+    for seed in range(60):
+        state = reset_j(jnp.uint32(seed), jnp.float32(rng.uniform()))
+        for _ in range(7):
+            move = int(rng.choice([*np.flatnonzero(np.asarray(state.board) == 0), -1, 9, 4]))
+            want = host(step_j(state, jnp.int32(move)))
+            half = model(state, jnp.int32(move))
+            if bool(half.done) or int(half.status) != ttt.STATUS_OPP_MOVED:
+                got = host(half)
+            else:
+                reply = int(opponent_j(half.board, state.seed, state.random_move_prob))
+                got = host(opponent(half, jnp.int32(reply)))
+                checked += 1
+            for k in want:
+                np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+            state = step_j(state, jnp.int32(move))
+            if bool(state.done):
+                break
+    assert checked > 50
 
 
 def test_equal_seed_board_p_meet_equal_replies():
@@ -311,9 +360,7 @@ def test_opponent_choices_are_unbiased():
 
 def test_first_mover_and_opening_are_fair():
     n = 4000
-    states = jax.jit(jax.vmap(ttt.reset, in_axes=(0, 0, None)), static_argnums=2)(
-        jnp.arange(n, dtype=jnp.uint32), jnp.full((n,), 0.0), PARAMS
-    )
+    states = jax.jit(jax.vmap(ttt.reset))(jnp.arange(n, dtype=jnp.uint32), jnp.full((n,), 0.0))
     opp_first = np.asarray(states.status) == ttt.STATUS_START_OPP_FIRST
     assert abs(opp_first.mean() - 0.5) < 0.05
     openings = np.bincount(np.asarray(states.last_opponent_move)[opp_first], minlength=9)
@@ -352,21 +399,20 @@ def test_stratified_examples_structure():
 
 def test_jit_vmap_16384_full_games():
     n = 16_384
-    params = ttt.EnvParams(max_turns=8)
 
     @jax.jit
     def play(key):
         seed_key, p_key, move_key = jax.random.split(key, 3)
         seeds = jax.random.bits(seed_key, (n,), jnp.uint32)
         p = jnp.where(jnp.arange(n) < n // 2, 0.0, jax.random.uniform(p_key, (n,)))
-        state = jax.vmap(ttt.reset, in_axes=(0, 0, None))(seeds, p, params)
+        state = jax.vmap(ttt.reset)(seeds, p)
 
         def turn(state, key):
             logits = jnp.where(ttt.legal_moves(state.board), 0.0, -jnp.inf)
             moves = jax.random.categorical(key, logits).astype(jnp.int32)
-            return jax.vmap(ttt.step, in_axes=(0, 0, None))(state, moves, params), None
+            return jax.vmap(ttt.step)(state, moves), None
 
-        state, _ = jax.lax.scan(turn, state, jax.random.split(move_key, params.max_turns))
+        state, _ = jax.lax.scan(turn, state, jax.random.split(move_key, 5))
         return state, p
 
     state, p = play(jax.random.PRNGKey(0))
@@ -391,30 +437,27 @@ def test_jit_vmap_16384_full_games():
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    "kwargs, field",
     [
-        dict(max_turns=0),
-        dict(max_turns=-3),
-        dict(max_turns=2.5),
-        dict(max_turns=True),
-        dict(win_value=float("nan")),
-        dict(draw_value=float("inf")),
-        dict(loss_value="0"),
-        dict(invalid_penalty=0.1),
-        dict(format_weight=-0.2),
-        dict(win_weight=float("nan")),
+        (dict(prompt="huge"), "prompt"),
+        (dict(win_value=float("nan")), "win_value"),
+        (dict(draw_value=float("inf")), "draw_value"),
+        (dict(loss_value="0"), "loss_value"),
+        (dict(invalid_penalty=0.1), "invalid_penalty"),
+        (dict(format_weight=-0.2), "format_weight"),
+        (dict(win_weight=float("nan")), "win_weight"),
     ],
 )
-def test_bad_env_params_raise(kwargs):
-    with pytest.raises(ValueError, match="EnvParams"):
-        ttt.EnvParams(**kwargs)
+def test_bad_env_params_raise(kwargs, field):
+    with pytest.raises(ValueError, match=f"Params.{field}"):
+        ttt.Params(**kwargs)
 
 
 def test_env_params_static_and_hashable():
-    a, b = ttt.EnvParams(max_turns=7), ttt.EnvParams(max_turns=7)
-    assert a == b and hash(a) == hash(b)
+    a, b = ttt.Params(prompt="tiny"), ttt.Params(prompt="tiny")
+    assert a == b and hash(a) == hash(b) and hash(ttt.TicTacToe(a)) == hash(ttt.TicTacToe(b))
     with pytest.raises(Exception):
-        a.max_turns = 3  # frozen
+        a.prompt = "compact"  # frozen
 
 
 @pytest.mark.parametrize(
@@ -435,13 +478,13 @@ def test_bad_sampler_config_raises(args, match):
 
 def test_bad_reset_arguments_raise():
     with pytest.raises(ValueError, match="random_move_prob"):
-        ttt.reset(1, 1.5, PARAMS)
+        ttt.reset(1, 1.5)
     with pytest.raises(ValueError, match="random_move_prob"):
-        ttt.reset(np.arange(3, dtype=np.uint32), np.array([0.1, -0.2, 0.3]), PARAMS)
+        ttt.reset(np.arange(3, dtype=np.uint32), np.array([0.1, -0.2, 0.3]))
     with pytest.raises(ValueError, match="seed"):
-        ttt.reset(-1, 0.5, PARAMS)
+        ttt.reset(-1, 0.5)
     with pytest.raises(ValueError, match="seed"):
-        ttt.reset(2**32, 0.5, PARAMS)
+        ttt.reset(2**32, 0.5)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -453,11 +496,11 @@ def test_draws_are_jax_fold_in_bit_for_bit():
     seeds = jnp.asarray(rng.integers(0, 2**32, 256, dtype=np.uint64).astype(np.uint32))
     data = jnp.asarray(rng.integers(0, 2**20, 256).astype(np.uint32))
     expected = jax.vmap(lambda s, d: jax.random.fold_in(jax.random.PRNGKey(s), d))(seeds, data)
-    got = jnp.stack(jax.vmap(ttt._draw)(seeds, data), axis=-1)
+    got = jnp.stack(jax.vmap(game._draw)(seeds, data), axis=-1)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
 
 
 def test_bitboard_line_table_matches_reference():
     for mask in range(512):
         board = tuple(ref.X if mask >> c & 1 else 0 for c in range(9))
-        assert bool(ttt._HAS_LINE[mask]) == (ref.ref_winner(board) == ref.X)
+        assert bool(game._HAS_LINE[mask]) == (ref.ref_winner(board) == ref.X)

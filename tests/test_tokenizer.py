@@ -5,9 +5,9 @@ import random
 import pytest
 
 import reference_text as ref
-from jaxrl_llm import text
-from jaxrl_llm.build_tokenizer import build
-from jaxrl_llm.tokenizer import ASSET_DIR, CHAT_TEMPLATE, check_tokenizer, load_tokenizer
+from envs.tictactoe import text
+from jaxrl_llm.text.build_tokenizer import build
+from jaxrl_llm.text.tokenizer import ASSET_DIR, CHAT_TEMPLATE, check_tokenizer, load_tokenizer
 
 
 @pytest.fixture(scope="module")

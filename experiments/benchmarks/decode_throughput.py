@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_llm.sampling import SamplingConfig, lfm2_model_fn, make_sampler
+from jaxrl_llm.generate import SamplingConfig, lfm2_model_fn, make_sampler
 from models.hf import load_hf, save_hf
 from models.lfm2 import PRESETS, Lfm2ForCausalLM, init_cache
 

@@ -1,4 +1,4 @@
-"""Environment throughput: envs.tictactoe against pgx's tic_tac_toe and a pure-Python loop.
+"""Environment throughput: the Tic-Tac-Toe env against pgx's tic_tac_toe and a pure-Python loop.
 
 Every peer plays full games with the model side choosing uniformly among the legal moves; ours meets
 the minimax opponent (mixture p, default 0.5) inside `step`, pgx's second player is the same random
@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import envs
 from envs import tictactoe as ttt
 
 MODEL_REPLIES = 5  # the most replies a complete game can need from the model (it may move first)
@@ -57,17 +58,20 @@ def random_legal(word: jax.Array, legal: jax.Array) -> jax.Array:
     return jnp.asarray(_NTH_LEGAL)[mask * 9 + r.astype(jnp.int32)]
 
 
+ENV = ttt.TicTacToe()
+
+
 @functools.partial(jax.jit, static_argnums=(1, 2))
 def play_ours(key: jax.Array, batch: int, p: float) -> jax.Array:
-    """Full games of envs.tictactoe -> int32[]: moves applied (pieces on the final boards)."""
-    params = ttt.EnvParams(max_turns=8)
+    """Full games of the Tic-Tac-Toe env through the protocol (`env.reset` / `env.step` with parsed
+    replies, as a rollout calls them) -> int32[]: moves applied (pieces on the final boards)."""
     seed_key, move_key = jax.random.split(key)
-    seeds = jax.random.bits(seed_key, (batch,), jnp.uint32)
-    state = jax.vmap(ttt.reset, in_axes=(0, None, None))(seeds, jnp.float32(p), params)
+    examples = ttt.Example(jax.random.bits(seed_key, (batch,), jnp.uint32), jnp.full((batch,), p, jnp.float32))
+    state = jax.vmap(ENV.reset, in_axes=(0, None))(examples, ENV.params)
 
     def reply(state, word):
         moves = random_legal(word, ttt.legal_moves(state.board))
-        return jax.vmap(ttt.step, in_axes=(0, 0, None))(state, moves, params), None
+        return jax.vmap(ENV.step, in_axes=(0, 0, None))(state, envs.ParsedReply.of(moves), ENV.params), None
 
     words = jax.random.bits(move_key, (MODEL_REPLIES, batch), jnp.uint32)
     state, _ = jax.lax.scan(reply, state, words)

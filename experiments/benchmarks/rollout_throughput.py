@@ -38,9 +38,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from envs import tictactoe as ttt
+from envs.tictactoe import game
+from envs.tictactoe import text as ttt_text
 from jaxrl_llm import rollout as ro
-from jaxrl_llm import sampling, text
-from jaxrl_llm.tokenizer import load_tokenizer
+from jaxrl_llm import text
+from jaxrl_llm.generate import sampler as sampling
+from jaxrl_llm.text import load_tokenizer
 from models.lfm2 import PRESETS, Lfm2ForCausalLM, init_cache
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -67,33 +71,33 @@ class HostGame:
         if self.rng.random() < 0.5:
             self.k = _py_opponent(self.board, self.rng, p)
             self.board[self.k] = 2
-            self.status = text.STATUS_START_OPP_FIRST
+            self.status = game.STATUS_START_OPP_FIRST
         else:
-            self.status = text.STATUS_START_MODEL_FIRST
+            self.status = game.STATUS_START_MODEL_FIRST
 
     def reply(self, reply_text: str) -> None:
         self.turns += 1
         m = MOVE_RE.search(reply_text)
         content = m.group(1).strip() if m else None
         if m is None:
-            self.status = text.STATUS_NO_MOVE
+            self.status = game.STATUS_NO_MOVE
         elif content not in [str(i) for i in range(9)] or self.board[int(content)] != 0:
-            self.status = text.STATUS_INVALID
+            self.status = game.STATUS_INVALID
         else:
             self.board[int(content)] = 1
             if _py_winner(self.board):
-                self.status, self.done = text.STATUS_WIN, True
+                self.status, self.done = game.STATUS_WIN, True
             elif 0 not in self.board:
-                self.status, self.done = text.STATUS_DRAW, True
+                self.status, self.done = game.STATUS_DRAW, True
             else:
                 self.k = _py_opponent(self.board, self.rng, self.p)
                 self.board[self.k] = 2
                 if _py_winner(self.board):
-                    self.status, self.done = text.STATUS_LOSS, True
+                    self.status, self.done = game.STATUS_LOSS, True
                 elif 0 not in self.board:
-                    self.status, self.done = text.STATUS_OPP_DRAW, True
+                    self.status, self.done = game.STATUS_OPP_DRAW, True
                 else:
-                    self.status = text.STATUS_OPP_MOVED
+                    self.status = game.STATUS_OPP_MOVED
         if self.turns >= MAX_TURNS:
             self.done = True
 
@@ -106,7 +110,7 @@ def host_loop(tok, preset, module, config, params, seeds, probs, key, reprefill:
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     scfg = sampling.SamplingConfig(temperature=1.0, max_new_tokens=MAX_NEW, stop_token_ids=(eos,), pad_id=tok.pad_token_id)
     sampler = host_loop.samplers.setdefault((id(module), reprefill), sampling.make_sampler(sampling.lfm2_model_fn(module), scfg))
-    system = text.system_prompt(preset)
+    system = ttt_text.system_prompt(preset)
     conversations = [[{"role": "system", "content": system}] for _ in games]
     cache = init_cache(config, batch, CONTEXT)
     model_s = 0.0
@@ -116,7 +120,7 @@ def host_loop(tok, preset, module, config, params, seeds, probs, key, reprefill:
             break
         chunks = []
         for g, conv in zip(games, conversations):
-            conv.append({"role": "user", "content": text.render_message(preset, g.board, g.status, g.k)})
+            conv.append({"role": "user", "content": ttt_text.render_message(preset, g.board, g.status, g.k)})
             if reprefill:
                 chunks.append(tok.apply_chat_template(conv, add_generation_prompt=True, tokenize=True, return_dict=False))
             else:
@@ -175,20 +179,17 @@ def main() -> None:
     batches = args.batches or ([8, 32] if args.quick else [64, 256, 1024])
 
     tok = load_tokenizer()
-    preset = text.PRESETS["compact"]
-    tables = text.build_text_tables(tok, preset)
+    env = ttt.TicTacToe(ttt.Params(prompt="compact"))
+    preset = env.params.preset
+    tables = text.tables_for_env(tok, env)
     config = dataclasses.replace(PRESETS["cpu-5m"], vocab_size=len(tok))
     module = Lfm2ForCausalLM(config)
     params = module.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"]
     n_params = sum(x.size for x in jax.tree_util.tree_leaves(params))
     def make_run(cache_stages: int):
-        rc = ro.RolloutConfig(
-            context_length=CONTEXT,
-            sampling=sampling.SamplingConfig(temperature=1.0, max_new_tokens=MAX_NEW),
-            env=ro.ttt.EnvParams(max_turns=MAX_TURNS),
-            cache_stages=cache_stages,
-        )
-        return ro.make_rollout(sampling.lfm2_model_fn(module), lambda b, n: init_cache(config, b, n), tables, rc)
+        rc = ro.RolloutConfig(context_length=CONTEXT, max_turns=MAX_TURNS, cache_stages=cache_stages)
+        return ro.make_rollout(env, sampling.lfm2_model_fn(module), lambda b, n: init_cache(config, b, n), tables, rc,
+                               sampling.SamplingConfig(temperature=1.0, max_new_tokens=MAX_NEW))
 
     run, run_one_cache = make_run(CACHE_STAGES), make_run(1)
     print(f"LFM2 cpu-5m with the project tokenizer: {n_params / 1e6:.2f}M parameters; compact preset, "
@@ -201,10 +202,10 @@ def main() -> None:
         seeds = rng.integers(0, 2**32, size=batch, dtype=np.uint64).astype(np.uint32)
         probs = rng.uniform(0.0, 1.0, size=batch).astype(np.float32)
         key = jax.random.PRNGKey(1)
-        s, p = jnp.asarray(seeds), jnp.asarray(probs)
-        ours, _ = timed(lambda: jax.block_until_ready(run(params, s, p, key)), args.repeats)
-        ours_one_cache, _ = timed(lambda: jax.block_until_ready(run_one_cache(params, s, p, key)), args.repeats)
-        traj = jax.device_get(run(params, s, p, key))
+        examples = ttt.Example(jnp.asarray(seeds), jnp.asarray(probs))
+        ours, _ = timed(lambda: jax.block_until_ready(run(params, examples, key)), args.repeats)
+        ours_one_cache, _ = timed(lambda: jax.block_until_ready(run_one_cache(params, examples, key)), args.repeats)
+        traj = jax.device_get(run(params, examples, key))
         cached, cached_model = timed(lambda: host_loop(tok, preset, module, config, params, seeds, probs, key, False), 1)
         reprefill, reprefill_model = float("nan"), float("nan")
         if batch <= args.reprefill_max_batch:

@@ -1,10 +1,10 @@
-"""Build the project's tokenizer (deterministic): `python -m jaxrl_llm.build_tokenizer [out_dir]`.
+"""Build the project's tokenizer (deterministic): `python -m jaxrl_llm.text.build_tokenizer [out_dir]`.
 
 A small byte-level BPE trained with `tokenizers` on the Tic-Tac-Toe environment's own text: both prompt
 presets' system prompts, every message form on every reachable board, and short reasoning phrases. The
 pre-tokenizer is a Llama-3 style regex with single digits (so every cell index is one token), then the
 byte-level alphabet. Special tokens: <|pad|> 0, <|startoftext|> 1, <|endoftext|> 2, <|im_start|> 3,
-<|im_end|> 4 (eos). The chat template is ChatML like LFM2's (jaxrl_llm.tokenizer.CHAT_TEMPLATE).
+<|im_end|> 4 (eos). The chat template is ChatML like LFM2's (jaxrl_llm.text.tokenizer.CHAT_TEMPLATE).
 The output is the Hugging Face folder `jaxrl_llm/assets/tokenizer/` (loaded offline by load_tokenizer()).
 """
 
@@ -14,8 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from jaxrl_llm import text
-from jaxrl_llm.tokenizer import ASSET_DIR, BOS, CHAT_TEMPLATE, ENDOFTEXT, IM_END, IM_START, PAD
+from envs.tictactoe import game, text
+from jaxrl_llm.text.tokenizer import ASSET_DIR, BOS, CHAT_TEMPLATE, ENDOFTEXT, IM_END, IM_START, PAD
 
 VOCAB_SIZE = 640
 SPECIAL_TOKENS = [PAD, BOS, ENDOFTEXT, IM_START, IM_END]
@@ -24,19 +24,11 @@ SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
-_LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
-
-
-def _winner(board: list[int]) -> int:
-    for a, b, c in _LINES:
-        if board[a] and board[a] == board[b] == board[c]:
-            return board[a]
-    return 0
-
-
 def _reachable_boards() -> list[tuple[int, ...]]:
-    """Every board reachable in a game (either side first), in a fixed order."""
-    seen: dict[tuple[int, ...], None] = {}
+    """Every board reachable in a game (either side first), in a fixed order (the game's own rules)."""
+    won, full = game.terminal_tables()
+    pow3 = [3**i for i in range(9)]
+    seen: dict[tuple[tuple[int, ...], int], None] = {}
     stack = [((0,) * 9, 1), ((0,) * 9, 2)]
     while stack:
         board, player = stack.pop()
@@ -44,7 +36,8 @@ def _reachable_boards() -> list[tuple[int, ...]]:
         if key in seen:
             continue
         seen[key] = None
-        if _winner(list(board)) or all(board):
+        index = sum(v * p for v, p in zip(board, pow3))
+        if won[index] or full[index]:
             continue
         for i in range(9):
             if board[i] == 0:
@@ -61,7 +54,7 @@ def corpus() -> list[str]:
     for preset in (text.PRESETS["reference"], text.PRESETS["compact"]):
         out += [text.system_prompt(preset)] * 50
         for i, board in enumerate(boards):
-            status = i % text.NUM_STATUS
+            status = i % game.NUM_STATUS
             k = (i * 7) % 9
             out.append(text.render_message(preset, board, status, k))
     for k in range(9):

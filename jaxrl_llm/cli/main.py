@@ -1,9 +1,10 @@
-"""The `jaxrl-llm` command line: experiment, sft, train, eval, play, export, plot (and demo).
+"""The `jaxrl-llm` command line: experiment, sft, train, eval, play, export, plot, envs (and demo).
 
 Each training command takes a TOML preset from `experiments/presets/` and `--set key=value` overrides,
-validated before anything compiles. `jaxrl-llm demo` plays a batch of Tic-Tac-Toe games on the
-accelerator with the pure environment (a uniformly random model side against the controlled minimax
-opponent) and prints the outcome table.
+validated before anything compiles; the env is the preset's `[env] name`. `jaxrl-llm envs` lists the
+registered environments. `jaxrl-llm demo` plays a batch of Tic-Tac-Toe games on the accelerator with the
+pure environment (a uniformly random model side against the controlled minimax opponent) and prints the
+outcome table.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Random legal play against the opponent at each strength; prints W/D/L and games/s."""
     import jax
 
-    from jaxrl_llm.random_play import play_random_games
+    from envs.tictactoe.demo import play_random_games
 
     print(f"JAX {jax.__version__} on {jax.devices()[0].platform}: {args.games} games per opponent strength")
     print(f"{'opponent p':>10} | {'W %':>6} {'D %':>6} {'L %':>6} | {'games/s':>12}")
@@ -82,7 +83,7 @@ def cmd_train(args) -> int:
 
 def cmd_eval(args) -> int:
     from jaxrl_llm.metrics import format_results_table
-    from jaxrl_llm.train import build, evaluate, policy_params, tree_check
+    from jaxrl_llm.train import build, evaluate, exactness_check, policy_params
 
     config = _load(args)
     comp = build(config)
@@ -90,21 +91,38 @@ def cmd_eval(args) -> int:
     out = Path(args.games or Path(config.run.output_dir) / "eval_games.jsonl")
     results = evaluate(comp, params, games_path=out)
     rows = [{"model": f"vs {name}", **r} for name, r in results.items()]
-    print(format_results_table(rows))
+    print(format_results_table(rows, comp.env.results_columns))
     print(f"games written to {out}")
     summary = {"eval": results}
-    if config.sft.teacher == "best":
-        check = tree_check(comp, params)
-        print(f"teacher-forced check on the best teacher's {len(check['exact_rows'])} tree games: "
-              f"{100 * check['exact']:.2f} % exact (100 %: greedy play is the teacher's against any opponent)")
-        summary["tree_exact"] = check["exact"]
+    check = exactness_check(comp, params)
+    if check is not None:
+        print(f"teacher-forced check on the teacher's {len(check['exact_rows'])} check conversations: "
+              f"{100 * check['exact']:.2f} % exact (100 %: greedy play is the teacher's in every one of them)")
+        summary["check_exact"] = check["exact"]
     print(json.dumps(summary))
     return 0
 
 
 SFT_CURVES = ("loss", "accuracy", "check_exact", "learning_rate")
-GRPO_CURVES = ("reward_mean", "reward_std", "win_rate", "draw_rate", "loss_rate", "invalid_rate", "format_rate",
-               "p_mean", "frac_zero_std_groups", "entropy", "grad_norm", "step_time")
+GRPO_CURVES = ("reward_mean", "reward_std", "{env}", "format_rate", "{examples}", "frac_zero_std_groups", "entropy",
+               "grad_norm", "step_time")
+
+
+def grpo_curve_keys(comp, present) -> list[str]:
+    """The GRPO curves: the generic ones with the env's metrics (`<metric>_rate`) and example figures."""
+    import jax
+
+    env = comp.env
+    env_keys = [f"{m}_rate" for _, m in env.results_columns if m != "format"]
+    example_keys: list[str] = []
+    if comp.config.grpo:
+        stage = comp.config.grpo[0].curriculum
+        examples = jax.eval_shape(lambda: env.sample_examples(jax.random.PRNGKey(0), 1, 1, stage))
+        example_keys = list(jax.eval_shape(env.example_metrics, examples))
+    keys = []
+    for k in GRPO_CURVES:
+        keys += env_keys if k == "{env}" else example_keys if k == "{examples}" else [k]
+    return [k for k in dict.fromkeys(keys) if k in present]
 
 
 def cmd_experiment(args) -> int:
@@ -112,7 +130,8 @@ def cmd_experiment(args) -> int:
     import jax
 
     from jaxrl_llm.metrics import format_results_table, plot_metrics, read_metrics
-    from jaxrl_llm.train import build, evaluate, fresh_params, run_sft, time_stage_rollout, train_grpo, tree_check
+    from jaxrl_llm.train import (build, evaluate, exactness_check, fresh_params, init_key, run_sft,
+                                 time_stage_rollout, train_grpo)
 
     config = _load(args)
     start = time.perf_counter()
@@ -137,42 +156,43 @@ def cmd_experiment(args) -> int:
         times["grpo_rollout_s"] = rollout_s
         times["grpo_update_s"] = max(times["grpo_s"] - rollout_s, 0.0)
     t = time.perf_counter()
-    base = fresh_params(comp, jax.random.fold_in(jax.random.PRNGKey(config.run.seed), 10**9))
+    base = fresh_params(comp, init_key(config))
     rows, results = [], {}
     for name, params in (("base", base), ("after SFT", sft_params), ("after RL", rl_params)):
         e = time.perf_counter()
         results[name] = evaluate(comp, params, games_path=out / f"eval_{name.replace(' ', '_')}.jsonl")
-        for opponent, r in results[name].items():
-            rows.append({"model": f"{name} vs {opponent}", **r})
-            print(f"eval {name} vs {opponent}: W/D/L {100 * r['win']:.1f}/{100 * r['draw']:.1f}/{100 * r['loss']:.1f}, "
-                  f"format {100 * r['format']:.1f} %, invalid {100 * r['invalid']:.1f} % ({r['games']} games)", flush=True)
+        for setting, r in results[name].items():
+            rows.append({"model": f"{name} vs {setting}", **r})
+            figures = ", ".join(f"{header} {100 * r[key]:.1f}" for header, key in comp.env.results_columns)
+            print(f"eval {name} vs {setting}: {figures} ({r['games']} games)", flush=True)
         print(f"eval {name}: {time.perf_counter() - e:.0f} s", flush=True)
     times["eval_s"] = time.perf_counter() - t
     checks = {}
-    if config.sft.teacher == "best":
-        for name, params in (("after SFT", sft_params), ("after RL", rl_params)):
-            checks[name] = tree_check(comp, params)["exact"]
-            print(f"{name}: {100 * checks[name]:.2f} % of the best teacher's tree games reproduced exactly "
+    for name, params in (("after SFT", sft_params), ("after RL", rl_params)):
+        check = exactness_check(comp, params)
+        if check is not None:
+            checks[name] = check["exact"]
+            print(f"{name}: {100 * checks[name]:.2f} % of the teacher's check conversations reproduced exactly "
                   "(teacher-forced, greedy)", flush=True)
     times["total_s"] = time.perf_counter() - start
-    table = format_results_table(rows)
+    table = format_results_table(rows, comp.env.results_columns)
     (out / "results.md").write_text(table + "\n")
     print(table)
-    for name, keys in (("sft", SFT_CURVES), ("grpo", GRPO_CURVES)):
+    for name in ("sft", "grpo"):
         path = out / ("sft_metrics.jsonl" if name == "sft" else "metrics.jsonl")
         if path.is_file():
             present = set().union(*(r.keys() for r in read_metrics(path)))
-            chosen = [k for k in keys if k in present]
+            chosen = [k for k in SFT_CURVES if k in present] if name == "sft" else grpo_curve_keys(comp, present)
             print(f"curves: {plot_metrics(path, out / f'{name}_curves.png', keys=chosen, title=f'{name} ({out})')}")
     split = ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in times.items())
     print(f"wall time: {split}")
     (out / "timings.json").write_text(json.dumps(times, indent=1) + "\n")
-    print(json.dumps({"experiment": results, "tree_exact": checks, **times}))
+    print(json.dumps({"experiment": results, "check_exact": checks, **times}))
     return 0
 
 
 def cmd_play(args) -> int:
-    from jaxrl_llm.play import play_terminal
+    from jaxrl_llm.cli.play import play_terminal
 
     config = _load(args)
     return play_terminal(config, checkpoint=args.checkpoint)
@@ -180,14 +200,29 @@ def cmd_play(args) -> int:
 
 def cmd_export(args) -> int:
     from models.hf import save_hf
-    from jaxrl_llm.train import build, policy_params
+    from jaxrl_llm.train import ENV_FILE, build, env_record, policy_params
 
     config = _load(args)
     comp = build(config)
     params = policy_params(config, comp, args.checkpoint)
     folder = save_hf(comp.lfm2, params, args.out)
     comp.tokenizer.save_pretrained(folder)
+    (Path(folder) / ENV_FILE).write_text(json.dumps(env_record(config), indent=1) + "\n")
     print(f"exported a transformers LFM2 checkpoint with its tokenizer to {folder}")
+    return 0
+
+
+def cmd_envs(args) -> int:
+    """The registered environments with their evaluation settings and results columns."""
+    import envs
+
+    for name in envs.registered():
+        cls = envs.env_class(name)
+        env = cls()
+        settings = ", ".join(s.name for s in env.eval_settings())
+        columns = ", ".join(key for _, key in cls.results_columns)
+        print(f"{name:14s} {cls.__doc__.strip().splitlines()[0] if cls.__doc__ else ''}")
+        print(f"{'':14s} eval settings: {settings}; metrics: {columns}")
     return 0
 
 
@@ -221,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = with_config("train", "GRPO stages (resumes from the last checkpoint)", cmd_train)
     train.add_argument("--stop-after", type=_positive_int, default=None, help="stop after this many global steps")
     train.add_argument("--distributed", action="store_true", help="call jax.distributed.initialize() first (multi-host)")
-    ev = with_config("eval", "W/D/L, format and invalid rates against the random and optimal opponents", cmd_eval)
+    ev = with_config("eval", "the env's metrics in each of its evaluation settings", cmd_eval)
     ev.add_argument("--checkpoint", default=None, help="an Orbax checkpoint folder or a Hugging Face folder (default: the run's latest)")
     ev.add_argument("--games", default=None, help="JSONL file for the games (default <output_dir>/eval_games.jsonl)")
     play = with_config("play", "play the model in the terminal", cmd_play)
@@ -229,6 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     export = with_config("export", "write the policy as a transformers LFM2 checkpoint", cmd_export)
     export.add_argument("--checkpoint", default=None)
     export.add_argument("--out", required=True, help="output folder")
+    envs_cmd = sub.add_parser("envs", help="list the registered environments")
+    envs_cmd.set_defaults(func=cmd_envs)
     plot = sub.add_parser("plot", help="draw training curves from metrics JSONL files to a PNG")
     plot.add_argument("metrics", nargs="+", help="metrics.jsonl files or run folders")
     plot.add_argument("--out", default="curves.png")

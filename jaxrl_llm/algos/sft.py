@@ -1,6 +1,6 @@
 """Supervised fine-tuning on whole games: chat tokenization with assistant-only loss masks, the loss, the step.
 
-Tokenization (`tokenize_sft`, host). Each row (prompt + completion messages, see `jaxrl_llm.sft_data`) is rendered
+Tokenization (`tokenize_sft`, host). Each row (prompt + completion messages, see `jaxrl_llm.data.sft_data`) is rendered
 with the tokenizer's own chat template and tokenized once, exactly as `tokenizer.apply_chat_template(messages,
 tokenize=True)` does. The loss mask is NOT taken from `return_assistant_tokens_mask` (ChatML templates such as
 LFM2's carry no generation markers); it is computed by locating each assistant turn in the rendered text: the turn
@@ -22,80 +22,55 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-from typing import Any, Callable, Iterable
+from typing import Annotated, Any, Callable, Iterable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxrl_llm import sft_data
-from jaxrl_llm.optim import OptimConfig, learning_rate_schedule, make_optimizer
-from jaxrl_llm.text import PRESETS
+from jaxrl_llm.algos.optim import OptimConfig, global_norm, learning_rate_schedule, make_optimizer
+from jaxrl_llm.checks import ConfigError, EnvBound, check_choice, check_int
+from jaxrl_llm.data import sft_data
 
 
 def _default_optim() -> OptimConfig:
-    return OptimConfig(learning_rate=1e-5, warmup_steps=0, total_steps=30, schedule="cosine")
+    return OptimConfig(learning_rate=1e-5, warmup_steps=0, schedule="cosine")
 
 
 @dataclasses.dataclass(frozen=True)
 class SftConfig:
-    """SFT warm-up settings (defaults: the reference run, 30 steps of batch 32 at seq_len 700, lr 1e-5).
+    """SFT warm-up (the `[sft]` table; steps 0 skips it). Defaults: the reference run's 30 steps of batch 32.
 
-    steps / batch_size / seq_len: the training loop and the token buffer of a game (longer games are truncated,
-    or dropped with overflow="drop", with a counted warning). num_games, teacher_random_move_prob, opponent
-    p range [opponent_p_min, opponent_p_max], preset, max_turns, teacher ("uniform" / "best"), reasoning
-    ("templates" / "none"), tree_copies (copies of the best teacher's whole game tree added): the expert games
-    of `make_sft_dataset` (see `jaxrl_llm.sft_data`).
-    optim: the optimizer; its total_steps is replaced by `steps` when training (the schedule spans the run).
+    steps / batch_size / seq_len: the training loop and the token buffer of a conversation (longer ones are
+    truncated, or dropped with overflow="drop", with a counted warning). optim: the optimizer (its
+    total_steps defaults to `steps`). teacher: the env's demonstrations (`env.Teacher`, the `[sft.teacher]`
+    table; see the env). dataset: train on this prompt / completion data set instead (a `save_to_disk`
+    folder, a .jsonl / .parquet file), None makes the teacher's rows. check_every: every that many steps
+    (0: never) a teacher-forced greedy check on the env's check rows (`env.check_rows(teacher)`; logged as
+    check_exact); stop_when_exact: end SFT at the first exact check (`steps` is then the most it runs).
     """
 
     steps: int = 30
     batch_size: int = 32
     seq_len: int = 700
-    num_games: int = 512
-    teacher_random_move_prob: float = 0.1
-    opponent_p_min: float = 0.0
-    opponent_p_max: float = 1.0
-    preset: str = "reference"
-    max_turns: int = 8
-    teacher: str = "uniform"
-    reasoning: str = "templates"
-    tree_copies: int = 0
     overflow: str = "truncate"
     optim: OptimConfig = dataclasses.field(default_factory=_default_optim)
+    teacher: Annotated[Any, EnvBound("Teacher")] = None
+    dataset: str | None = None
+    check_every: int = 0
+    stop_when_exact: bool = False
 
     def __post_init__(self) -> None:
-        for name, low in (("steps", 1), ("batch_size", 1), ("seq_len", 2), ("num_games", 1), ("max_turns", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-                raise ValueError(f"SftConfig.{name} must be an int >= {low}, got {value!r}")
-        for name in ("teacher_random_move_prob", "opponent_p_min", "opponent_p_max"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-                raise ValueError(f"SftConfig.{name} must be a number in [0, 1], got {value!r}")
-        if self.opponent_p_min > self.opponent_p_max:
-            raise ValueError(f"SftConfig needs opponent_p_min <= opponent_p_max, got "
-                             f"{self.opponent_p_min} > {self.opponent_p_max}")
-        if self.preset not in PRESETS:
-            raise ValueError(f"SftConfig.preset must be one of {sorted(PRESETS)}, got {self.preset!r}")
-        if self.teacher not in sft_data.TEACHERS:
-            raise ValueError(f"SftConfig.teacher must be one of {sft_data.TEACHERS}, got {self.teacher!r}")
-        if self.reasoning not in sft_data.REASONING_STYLES:
-            raise ValueError(f"SftConfig.reasoning must be one of {sft_data.REASONING_STYLES}, got {self.reasoning!r}")
-        if self.overflow not in ("truncate", "drop"):
-            raise ValueError(f"SftConfig.overflow must be 'truncate' or 'drop', got {self.overflow!r}")
+        check_int(self, "steps", 0)
+        check_int(self, "batch_size", 1)
+        check_int(self, "seq_len", 16)
+        check_choice(self, "overflow", ("truncate", "drop"))
+        check_int(self, "check_every", 0)
         if not isinstance(self.optim, OptimConfig):
-            raise ValueError(f"SftConfig.optim must be an OptimConfig, got {type(self.optim).__name__}")
-
-
-def make_sft_dataset(config: SftConfig, key: jax.Array):
-    """The expert games of `config` (played on device, lost / unfinished ones dropped) as a `datasets.Dataset`."""
-    return sft_data.make_expert_dataset(
-        key, config.num_games, teacher_random_move_prob=config.teacher_random_move_prob,
-        opponent_p_range=(config.opponent_p_min, config.opponent_p_max), preset=config.preset,
-        max_turns=config.max_turns, teacher=config.teacher, reasoning=config.reasoning,
-        tree_copies=config.tree_copies)
+            raise ConfigError(f"must be an OptimConfig, got {type(self.optim).__name__}", ("optim",), "SftConfig")
+        if self.stop_when_exact and not self.check_every:
+            raise ConfigError("needs check_every > 0", ("stop_when_exact",), "SftConfig")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -210,14 +185,6 @@ def sft_loss(logits: jax.Array, tokens: jax.Array, loss_mask: jax.Array) -> tupl
     return loss, {"accuracy": accuracy, "tokens": count}
 
 
-def _global_norm(tree) -> jax.Array:
-    """Global L2 norm of a pytree (optax.tree.norm where it exists)."""
-    tree_mod = getattr(optax, "tree", None)
-    if tree_mod is not None and hasattr(tree_mod, "norm"):
-        return tree_mod.norm(tree)
-    return optax.global_norm(tree)
-
-
 def make_sft_step(module, optimizer: optax.GradientTransformation) -> Callable:
     """-> jitted step(params, opt_state, tokens int32[B, T], loss_mask f32[B, T]) -> (params, opt_state, metrics).
 
@@ -232,7 +199,7 @@ def make_sft_step(module, optimizer: optax.GradientTransformation) -> Callable:
         (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, tokens, loss_mask)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        metrics = {"loss": loss, "accuracy": aux["accuracy"], "grad_norm": _global_norm(grads),
+        metrics = {"loss": loss, "accuracy": aux["accuracy"], "grad_norm": global_norm(grads),
                    "tokens": aux["tokens"]}
         return params, opt_state, metrics
 
@@ -245,7 +212,7 @@ def teacher_forced_check(module, params, data: dict[str, np.ndarray], batch_size
     data: `tokenize_sft`'s arrays (N rows). Returns {"token_accuracy": float over the masked tokens,
     "exact": fraction of rows whose every masked token is the argmax, "exact_rows": bool[N],
     "wrong_rows": [indices]}. On the teacher's
-    whole game tree (`sft_data.exhaustive_expert_games`) exact = 1.0 means that greedy decoding plays exactly
+    whole game tree (`envs.tictactoe.teacher.exhaustive_expert_games`) exact = 1.0 means that greedy decoding plays exactly
     like the teacher against every opponent (no invalid move, never losing)."""
 
     @jax.jit
@@ -281,30 +248,32 @@ def _batch_indices(key: jax.Array, num_rows: int, batch_size: int, steps: int) -
 
 
 def train_sft(module, params, tokenizer, dataset, config: SftConfig, key: jax.Array,
-              callback: Callable[[int, dict], None] | None = None, check_rows=None, check_every: int = 0,
-              stop_when_exact: bool = False) -> tuple[Any, list[dict]]:
+              callback: Callable[[int, dict], None] | None = None, check_rows=None) -> tuple[Any, list[dict]]:
     """SFT for `config.steps` steps -> (params, history: one dict of floats per step).
 
     dataset: rows with prompt/completion (a `datasets.Dataset` or a list), tokenized with `tokenize_sft`
     at config.seq_len; batches of config.batch_size are drawn from shuffled epochs (key). The caller's params
     are copied first (the step donates its inputs). callback(step, metrics) runs after every step; metrics hold
-    loss, accuracy, grad_norm, tokens, learning_rate, epoch. With check_rows and check_every > 0, every
-    check_every steps (and after the last) `teacher_forced_check` runs on those rows and adds check_exact and
-    check_token_accuracy to that step's metrics; stop_when_exact ends training at the first check with every
-    row exact."""
+    loss, accuracy, grad_norm, tokens, learning_rate, epoch. With check_rows and config.check_every > 0,
+    every check_every steps (and after the last) `teacher_forced_check` runs on those rows and adds
+    check_exact and check_token_accuracy to that step's metrics; config.stop_when_exact ends training at
+    the first check with every row exact."""
     if not isinstance(config, SftConfig):
         raise ValueError(f"config must be an SftConfig, got {type(config).__name__}")
+    if config.steps < 1:
+        raise ValueError(f"train_sft needs config.steps >= 1 (got {config.steps}); steps = 0 skips SFT")
     data = tokenize_sft(tokenizer, dataset, config.seq_len, overflow=config.overflow)
     num_rows = data["tokens"].shape[0]
     if num_rows == 0:
         raise ValueError("train_sft: the dataset holds no usable conversation")
-    optim = dataclasses.replace(config.optim, total_steps=config.steps)
+    optim = config.optim.for_steps(config.steps)
     optimizer = make_optimizer(optim)
     schedule = learning_rate_schedule(optim)
     params = jax.tree.map(jnp.array, params)  # a private copy: the step donates it
     opt_state = optimizer.init(params)
     step_fn = make_sft_step(module, optimizer)
     batches = _batch_indices(key, num_rows, config.batch_size, config.steps)
+    check_every, stop_when_exact = config.check_every, config.stop_when_exact
     check_data = None
     if check_rows is not None and check_every > 0:
         check_data = tokenize_sft(tokenizer, check_rows, config.seq_len, overflow=config.overflow)

@@ -26,8 +26,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-# optax.global_norm is deprecated in favour of optax.tree.norm (same value) in newer optax.
-_global_norm = getattr(getattr(optax, "tree", None), "norm", None) or optax.global_norm
+from jaxrl_llm.algos.optim import global_norm
+from jaxrl_llm.checks import ConfigError, check_choice, check_float, check_int
+from jaxrl_llm.generate.sampler import NOT_IN_TOML
 
 LOSS_TYPES = ("token-mean", "sequence-mean-token-mean", "dr-grpo")
 SCALE_REWARDS = ("group", "none")
@@ -35,9 +36,10 @@ SCALE_REWARDS = ("group", "none")
 
 @dataclasses.dataclass(frozen=True)
 class GrpoConfig:
-    """GRPO hyper-parameters (static under jit; validated on construction).
+    """GRPO hyper-parameters (static under jit; validated on construction; the `[grpo.loss]` table).
 
-    group_size: G, completions per example; the batch holds B = num_examples * G rows, groups consecutive.
+    group_size: G, completions per example; the batch holds B = num_examples * G rows, groups consecutive
+        (set from the stage's `group_size`, not in the loss table).
     scale_rewards: "group" divides the centred rewards by the group's std (+ std_eps); "none" only
         centres them (Dr. GRPO's advice).
     std_eps: added to the group std before dividing (as TRL, 1e-4).
@@ -59,11 +61,12 @@ class GrpoConfig:
         B / num_minibatches. The result equals the minibatch taken in one piece.
     shuffle: rows are permuted with the update's key at each pass (else taken in order).
     temperature: the policy's (and reference's) logits are divided by it before the log-softmax; set it
-        to the sampler's temperature, so that the ratio compares the same distributions.
+        to the sampler's temperature, so that the ratio compares the same distributions (a stage sets
+        it from its sampling temperature, not in the loss table).
     compute_entropy: also compute the policy's per-token entropy (a metric; no gradient).
     """
 
-    group_size: int = 8
+    group_size: int = dataclasses.field(default=8, metadata=NOT_IN_TOML)
     scale_rewards: str = "group"
     std_eps: float = 1e-4
     epsilon_low: float = 0.2
@@ -77,46 +80,29 @@ class GrpoConfig:
     passes: int = 1
     grad_accum_steps: int = 1
     shuffle: bool = True
-    temperature: float = 1.0
+    temperature: float = dataclasses.field(default=1.0, metadata=NOT_IN_TOML)
     compute_entropy: bool = True
 
     def __post_init__(self):
-        def positive_int(name):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"GrpoConfig.{name} must be an integer >= 1 (got {value!r})")
-
-        for name in ("group_size", "num_minibatches", "passes", "grad_accum_steps"):
-            positive_int(name)
-        if self.group_size < 2:
-            raise ValueError(
-                f"GrpoConfig.group_size must be >= 2 (got {self.group_size}): a group of one has no baseline"
-            )
-        if self.scale_rewards not in SCALE_REWARDS:
-            raise ValueError(f"GrpoConfig.scale_rewards must be one of {SCALE_REWARDS} (got {self.scale_rewards!r})")
-        if not self.std_eps > 0:
-            raise ValueError(f"GrpoConfig.std_eps must be > 0 (got {self.std_eps})")
-        if not 0.0 <= self.epsilon_low < 1.0:
-            raise ValueError(f"GrpoConfig.epsilon_low must be in [0, 1) (got {self.epsilon_low})")
-        if not self.epsilon_high >= 0.0:
-            raise ValueError(f"GrpoConfig.epsilon_high must be >= 0 (got {self.epsilon_high})")
-        if not self.beta >= 0.0:
-            raise ValueError(f"GrpoConfig.beta must be >= 0, 0 disables the KL penalty (got {self.beta})")
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"GrpoConfig.loss_type must be one of {LOSS_TYPES} (got {self.loss_type!r})")
+        check_int(self, "group_size", 2)
+        for name in ("num_minibatches", "passes", "grad_accum_steps"):
+            check_int(self, name, 1)
+        check_choice(self, "scale_rewards", SCALE_REWARDS)
+        check_float(self, "std_eps", low=0.0, low_open=True)
+        check_float(self, "epsilon_low", 0.0, 1.0, high_open=True)
+        check_float(self, "epsilon_high", low=0.0)
+        check_float(self, "beta", low=0.0)
+        check_choice(self, "loss_type", LOSS_TYPES)
         if self.max_completion_tokens is not None:
-            positive_int("max_completion_tokens")
+            check_int(self, "max_completion_tokens", 1)
         elif self.loss_type == "dr-grpo":
-            raise ValueError(
-                "GrpoConfig.loss_type 'dr-grpo' needs max_completion_tokens (its constant normaliser, "
-                "e.g. max_turns * max_new_tokens)"
-            )
-        if self.ratio_mask_low is not None and not 0.0 <= self.ratio_mask_low < 1.0:
-            raise ValueError(f"GrpoConfig.ratio_mask_low must be in [0, 1) or None (got {self.ratio_mask_low})")
-        if self.ratio_mask_high is not None and not self.ratio_mask_high > 1.0:
-            raise ValueError(f"GrpoConfig.ratio_mask_high must be > 1 or None (got {self.ratio_mask_high})")
-        if not self.temperature > 0:
-            raise ValueError(f"GrpoConfig.temperature must be > 0 (got {self.temperature})")
+            raise ConfigError("is needed by loss_type 'dr-grpo' (its constant normaliser, e.g. max_turns * "
+                              "max_new_tokens)", ("max_completion_tokens",), "GrpoConfig")
+        if self.ratio_mask_low is not None:
+            check_float(self, "ratio_mask_low", 0.0, 1.0, high_open=True)
+        if self.ratio_mask_high is not None:
+            check_float(self, "ratio_mask_high", low=1.0, low_open=True)
+        check_float(self, "temperature", low=0.0, low_open=True)
 
     @property
     def micro_batches(self) -> int:
@@ -400,7 +386,7 @@ def grpo_update_step(
             zeros = (jnp.zeros((), jnp.float32), {k: jnp.zeros((), jnp.float32) for k in _SUM_KEYS},
                      jax.tree_util.tree_map(jnp.zeros_like, p))
             (loss, sums, grads), _ = jax.lax.scan(accumulate, zeros, micros)
-        grad_norm = _global_norm(grads)
+        grad_norm = global_norm(grads)
         updates, o = optimizer.update(grads, o, p)
         p = optax.apply_updates(p, updates)
         metrics = _finish_metrics(sums, config.compute_entropy)

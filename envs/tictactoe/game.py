@@ -1,9 +1,11 @@
-"""Tic-Tac-Toe against a minimax opponent: pure, jittable, vmappable JAX functions.
+"""Tic-Tac-Toe against a minimax opponent, the game alone: pure, jittable, vmappable JAX functions.
 
 The model plays X, the opponent O. One call of `step` consumes one model reply (a parsed move) and,
 when the game goes on, applies the opponent's deterministic reply, so the model is always the side to
-move in a live `State`. Rules, scoring, randomness and the difficulty sampler follow
-`shared/TICTACTOE_SPEC.md`; the interface is the `envs/tictactoe.py` section of `docs/CONTRACTS.md`.
+move in a live `State`. Rules, randomness and the difficulty sampler follow `shared/TICTACTOE_SPEC.md`;
+the text, the rubric and the protocol around this module are in `envs/tictactoe/env.py` (the
+`envs/tictactoe` section of `docs/CONTRACTS.md`). There is no turn limit here: the rollout ends a game
+after `max_turns` replies.
 
 - Board: `int8[9]`, cells row-major, `EMPTY`/`X`/`O` = 0/1/2.
 - The minimax table (every board x player to move) is built once by a jitted retrograde sweep
@@ -26,33 +28,29 @@ Example, 4 096 games at once::
     import jax, jax.numpy as jnp
     from envs import tictactoe as ttt
 
-    params = ttt.EnvParams(max_turns=8)
     seeds = jnp.arange(4096, dtype=jnp.uint32)
     p = jnp.full((4096,), 0.5, jnp.float32)
-    state = jax.jit(jax.vmap(ttt.reset, in_axes=(0, 0, None)), static_argnums=2)(seeds, p, params)
+    state = jax.jit(jax.vmap(ttt.reset))(seeds, p)
     moves = jnp.argmax(ttt.legal_moves(state.board), axis=-1)       # int32[4096]: first free cell
-    state = jax.jit(jax.vmap(ttt.step, in_axes=(0, 0, None)), static_argnums=2)(state, moves, params)
-    reward = jax.vmap(ttt.total_reward, in_axes=(0, None, None))(state, 1.0, params)
+    state = jax.jit(jax.vmap(ttt.step))(state, moves)
 
 Malformed input inside jit has a defined result (nothing raises under jit):
 - a move other than -1..8 is an invalid reply (counted in `invalid_moves`, board unchanged);
 - a board with a cell outside 0..2, |#X - #O| > 1, or three-in-a-row for both players fails
   `valid_board`; `step` then counts any tagged reply as invalid (a `NO_MOVE` reply stays a missing
-  move), the opponent does not move, and the game ends only by `max_turns`. The same holds for a
+  move), the opponent does not move, and the game never ends by itself. The same holds for a
   not-done State whose board already holds a line (only a hand-built State can); `winner`, `legal_moves`,
   `board_index` stay defined on such boards (out-of-range cells count as occupied and are clipped to
   0..2 in the index); `optimal_moves` is all False, `minimax_value` 0, `opponent_move` -1;
 - a `player` other than X or O gives no optimal moves and value 0;
 - `random_move_prob` is clipped to [0, 1] (NaN acts as 0).
-Host-side arguments (EnvParams fields, Python/NumPy seeds and probabilities, sampler ranges) are
+Host-side arguments (Python/NumPy seeds and probabilities, sampler ranges) are
 checked eagerly and raise ValueError.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import math
 from typing import NamedTuple
 
 import jax
@@ -75,7 +73,8 @@ STATUS_LOSS = 7  # "Opponent (O) played at position {k}. You lose!"  (final)
 STATUS_OPP_DRAW = 8  # "Opponent (O) played at position {k}. It's a draw!"  (final)
 NUM_STATUS = 9
 
-OUTCOME_ONGOING, OUTCOME_WIN, OUTCOME_DRAW, OUTCOME_LOSS, OUTCOME_UNFINISHED = 0, 1, 2, 3, 4
+OUTCOME_ONGOING, OUTCOME_WIN, OUTCOME_DRAW, OUTCOME_LOSS = 0, 1, 2, 3
+OUTCOME_NAMES = {OUTCOME_ONGOING: "ongoing", OUTCOME_WIN: "win", OUTCOME_DRAW: "draw", OUTCOME_LOSS: "loss"}
 
 NO_MOVE = -1  # parser result: no <move> tag in the reply
 INVALID_MOVE = 9  # parser result: a tag whose content is not a cell 0..8
@@ -97,7 +96,7 @@ _SALT_MOVE = 2
 
 
 # ---------------------------------------------------------------------------------------------------
-# State and parameters
+# State
 
 
 class State(NamedTuple):
@@ -114,45 +113,6 @@ class State(NamedTuple):
     status: jax.Array  # int8[]: STATUS_* of the next environment message
     seed: jax.Array  # uint32[]: the example's seed
     random_move_prob: jax.Array  # float32[]: p of the opponent's mixture
-
-
-def _check_finite(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"EnvParams.{name} must be a finite number, got {value!r}")
-
-
-@dataclasses.dataclass(frozen=True)
-class EnvParams:
-    """Static game parameters (frozen, hashable: pass as a static argument under jit).
-
-    max_turns counts the model's replies (8 for evaluation, 7 in training). Reward parts:
-    win part = win_value / draw_value / loss_value (loss_value also for unfinished games),
-    invalid part = invalid_penalty once if any reply was invalid; total = weighted sum with
-    win_weight, format_weight (times the text layer's format score) and invalid_weight.
-    """
-
-    max_turns: int = 8
-    win_value: float = 1.0
-    draw_value: float = 0.5
-    loss_value: float = 0.0
-    invalid_penalty: float = -0.1
-    win_weight: float = 1.0
-    format_weight: float = 0.2
-    invalid_weight: float = 1.0
-
-    def __post_init__(self) -> None:
-        if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, (int, np.integer)):
-            raise ValueError(f"EnvParams.max_turns must be an int, got {self.max_turns!r}")
-        if self.max_turns < 1:
-            raise ValueError(f"EnvParams.max_turns must be >= 1, got {self.max_turns}")
-        for name in ("win_value", "draw_value", "loss_value", "invalid_penalty"):
-            _check_finite(name, getattr(self, name))
-        if self.invalid_penalty > 0:
-            raise ValueError(f"EnvParams.invalid_penalty must be <= 0, got {self.invalid_penalty}")
-        for name in ("win_weight", "format_weight", "invalid_weight"):
-            _check_finite(name, getattr(self, name))
-            if getattr(self, name) < 0:
-                raise ValueError(f"EnvParams.{name} must be >= 0, got {getattr(self, name)}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -252,6 +212,18 @@ def valid_board(board: jax.Array) -> jax.Array:
     """int8[9] board -> bool[]: cells in 0..2, |#X - #O| <= 1 and not both players with a line."""
     xs, os, in_range = _bitboards(board)
     return in_range & _consistent(xs, os)
+
+
+@functools.lru_cache(maxsize=1)
+def terminal_tables() -> tuple[np.ndarray, np.ndarray]:
+    """(winner int8[3^9], full bool[3^9]) of every board (row `board_index`), from the game's own `winner`
+    and `legal_moves` (computed once, concretely, even when first asked for inside a trace)."""
+    boards = ((np.arange(NUM_BOARDS)[:, None] // POW3) % 3).astype(np.int8)
+    with jax.ensure_compile_time_eval():
+        won = np.asarray(jax.vmap(winner)(jnp.asarray(boards)))
+        full = ~np.asarray(jax.vmap(legal_moves)(jnp.asarray(boards))).any(1)
+    return won, full
+
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -465,15 +437,14 @@ def _check_seed_host(value: object) -> None:
 # Reset and step
 
 
-def reset(seed: jax.Array, random_move_prob: jax.Array, params: EnvParams) -> State:
-    """uint32[] seed, f32[] p, static EnvParams -> State with the model to move.
+def reset(seed: jax.Array, random_move_prob: jax.Array) -> State:
+    """uint32[] seed, f32[] p -> State with the model to move.
 
     The first mover is a fair draw from fold_in(PRNGKey(seed), SALT_FIRST_MOVER * 2^18). If the
     opponent starts, it plays its opening with the usual mixture on the empty board
     (STATUS_START_OPP_FIRST), else STATUS_START_MODEL_FIRST. Concrete seeds outside [0, 2^32) or p
     outside [0, 1] raise ValueError.
     """
-    del params  # the start does not depend on the parameters; kept for a uniform signature
     _check_seed_host(seed)
     _check_prob_host("random_move_prob", random_move_prob)
     seed = jnp.asarray(seed, jnp.uint32)
@@ -519,14 +490,13 @@ def _first_true(cases: list[tuple[jax.Array, int]], default: int) -> jax.Array:
     return out
 
 
-def step(state: State, move: jax.Array, params: EnvParams) -> State:
-    """State, int32[] move from the parser, static EnvParams -> State after the reply (and O's answer).
+def step(state: State, move: jax.Array) -> State:
+    """State, int32[] move from the parser -> State after the reply (and O's answer).
 
     move -1: a missing move (missing_moves += 1, STATUS_NO_MOVE). A move outside 0..8, an occupied
     cell, or any tagged move on a malformed or already decided board: invalid (invalid_moves += 1, STATUS_INVALID, board
     unchanged, no opponent move). A legal move places X, then ends the game (WIN / DRAW) or lets O
-    reply (LOSS / OPP_DRAW / OPP_MOVED). Every reply counts a turn; a live game reaching max_turns
-    ends UNFINISHED with its last status. A done state is returned unchanged.
+    reply (LOSS / OPP_DRAW / OPP_MOVED). Every reply counts a turn. A done state is returned unchanged.
 
     The rules run on bitboards (`_has_line` is `winner` on a bit mask), so a step is one reduction
     over the board, a few small table reads (lines, X's cell, optimal replies, the pick), one
@@ -572,14 +542,10 @@ def step(state: State, move: jax.Array, params: EnvParams) -> State:
          (o_won, STATUS_LOSS), (o_filled, STATUS_OPP_DRAW)],
         STATUS_OPP_MOVED,
     )  # fmt: skip
-    finished = x_won | x_filled | o_won | o_filled
-    out_of_turns = ~finished & (turns >= params.max_turns)
+    done = x_won | x_filled | o_won | o_filled
     outcome = _first_true(
-        [(x_won, OUTCOME_WIN), (x_filled | o_filled, OUTCOME_DRAW), (o_won, OUTCOME_LOSS),
-         (out_of_turns, OUTCOME_UNFINISHED)],
-        OUTCOME_ONGOING,
+        [(x_won, OUTCOME_WIN), (x_filled | o_filled, OUTCOME_DRAW), (o_won, OUTCOME_LOSS)], OUTCOME_ONGOING
     )  # fmt: skip
-    done = finished | out_of_turns
 
     new = State(
         board=board,
@@ -599,36 +565,51 @@ def step(state: State, move: jax.Array, params: EnvParams) -> State:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Rewards
+# The two halves of a step, for a person playing the opponent (`jaxrl-llm play`)
 
 
-def win_reward(state: State, params: EnvParams) -> jax.Array:
-    """State -> f32[]: win_value / draw_value for a won / drawn game, loss_value otherwise
-    (lost, unfinished or still ongoing)."""
-    return jnp.select(
-        [state.outcome == OUTCOME_WIN, state.outcome == OUTCOME_DRAW],
-        [jnp.float32(params.win_value), jnp.float32(params.draw_value)],
-        jnp.float32(params.loss_value),
-    )
+def model_move(state: State, move: jax.Array) -> State:
+    """State, int32[] move -> the model's reply applied alone, without the opponent's answer.
 
-
-def invalid_reward(state: State, params: EnvParams) -> jax.Array:
-    """State -> f32[]: invalid_penalty once if the game had at least one invalid move, else 0."""
-    return jnp.where(state.invalid_moves > 0, jnp.float32(params.invalid_penalty), jnp.float32(0.0))
-
-
-def total_reward(state: State, format_score: jax.Array, params: EnvParams) -> jax.Array:
-    """State, f32[] format score in [0, 1] (from the text layer) -> f32[]: the weighted rubric.
-
-    win_weight * win_reward + format_weight * format_score + invalid_weight * invalid_reward;
-    with the defaults a value in [-0.1, 1.2].
+    The same rules as the first half of `step` (missing, invalid, X's move, win or draw); a legal move
+    that leaves the game open gives status STATUS_OPP_MOVED with the opponent still to move, which
+    `opponent_move_applied` then makes. `step(s, m)` equals `opponent_move_applied(model_move(s, m),
+    opponent_move(...))` whenever the game goes on (a test checks it). A done state comes back unchanged.
     """
-    format_score = jnp.asarray(format_score, jnp.float32)
-    return (
-        params.win_weight * win_reward(state, params)
-        + params.format_weight * format_score
-        + params.invalid_weight * invalid_reward(state, params)
-    ).astype(jnp.float32)
+    move = jnp.asarray(move, jnp.int32)
+    cell = jnp.clip(move, 0, NUM_CELLS - 1)
+    missing = move == NO_MOVE
+    legal = ((move >= 0) & (move < NUM_CELLS) & valid_board(state.board) & ~is_finished(state.board)
+             & (state.board[cell] == EMPTY))
+    board = jnp.where(legal, state.board.at[cell].set(jnp.int8(X)), state.board)
+    won = legal & (winner(board) == X)
+    filled = legal & ~won & ~legal_moves(board).any()
+    status = _first_true([(missing, STATUS_NO_MOVE), (~legal, STATUS_INVALID), (won, STATUS_WIN),
+                          (filled, STATUS_DRAW)], STATUS_OPP_MOVED)
+    done = won | filled
+    new = state._replace(
+        board=board, to_play=jnp.where(done, 0, 1).astype(jnp.int8), turns=state.turns + 1,
+        invalid_moves=state.invalid_moves + (~missing & ~legal).astype(jnp.int32),
+        missing_moves=state.missing_moves + missing.astype(jnp.int32), done=done,
+        outcome=_first_true([(won, OUTCOME_WIN), (filled, OUTCOME_DRAW)], OUTCOME_ONGOING), status=status,
+    )
+    return jax.tree.map(lambda old, upd: jnp.where(state.done, old, upd), state, new)
+
+
+def opponent_move_applied(state: State, cell: jax.Array) -> State:
+    """State after a legal model move that left the game open, int32[] cell for O -> the state after O's
+    move (status OPP_MOVED, LOSS or OPP_DRAW; last_opponent_move = cell). The cell must be free."""
+    cell = jnp.asarray(cell, jnp.int32)
+    board = state.board.at[jnp.clip(cell, 0, NUM_CELLS - 1)].set(jnp.int8(O))
+    lost = winner(board) == O
+    filled = ~lost & ~legal_moves(board).any()
+    done = lost | filled
+    return state._replace(
+        board=board, to_play=jnp.where(done, 0, 1).astype(jnp.int8), done=done,
+        outcome=_first_true([(lost, OUTCOME_LOSS), (filled, OUTCOME_DRAW)], OUTCOME_ONGOING),
+        last_opponent_move=cell.astype(jnp.int8),
+        status=_first_true([(lost, STATUS_LOSS), (filled, STATUS_OPP_DRAW)], STATUS_OPP_MOVED),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------

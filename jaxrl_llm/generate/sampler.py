@@ -32,17 +32,23 @@ import jax.numpy as jnp
 ModelFn = Callable[[Any, jax.Array, Any, jax.Array], tuple[jax.Array, Any]]
 
 
+# Fields of a config dataclass that the TOML loader neither reads nor writes (set by the code, e.g. from the
+# tokenizer): `dataclasses.field(metadata=NOT_IN_TOML)`.
+NOT_IN_TOML = {"toml": False}
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
-    """How replies are sampled.
+    """How replies are sampled (the `[sampling]` table; stages and eval may override it key by key).
 
-    temperature: divides the logits (ignored when greedy); must be > 0 unless greedy.
+    temperature: divides the logits (ignored when greedy); a finite number > 0 (>= 0 when greedy).
     top_k: keep the k most likely tokens (0 keeps all).
     top_p: nucleus sampling, keep the smallest set of tokens whose probability reaches top_p (1.0 keeps all).
     greedy: take the argmax instead of sampling.
-    max_new_tokens: tokens generated per call at most, stop token included.
-    stop_token_ids: ids that end a row (e.g. `<|im_end|>`); the stop token is kept in the output.
-    pad_id: written after the end of each row.
+    max_new_tokens: tokens generated per call (per turn in a rollout) at most, stop token included.
+    stop_token_ids: ids that end a row (e.g. `<|im_end|>`); the stop token is kept in the output. Set by
+        the code from the tokenizer, not in TOML.
+    pad_id: written after the end of each row (from the tokenizer, not in TOML).
     """
 
     temperature: float = 1.0
@@ -50,22 +56,24 @@ class SamplingConfig:
     top_p: float = 1.0
     greedy: bool = False
     max_new_tokens: int = 64
-    stop_token_ids: tuple[int, ...] = ()
-    pad_id: int = 0
+    stop_token_ids: tuple[int, ...] = dataclasses.field(default=(), metadata=NOT_IN_TOML)
+    pad_id: int = dataclasses.field(default=0, metadata=NOT_IN_TOML)
 
     def __post_init__(self):
-        if not self.greedy and not self.temperature > 0:
-            raise ValueError(
-                f"SamplingConfig.temperature must be > 0 when sampling (got {self.temperature}); "
-                "set greedy=True for argmax decoding"
-            )
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"SamplingConfig.top_p must be in (0, 1] (got {self.top_p}); use 1.0 to disable it")
-        if self.top_k < 0:
-            raise ValueError(f"SamplingConfig.top_k must be >= 0 (got {self.top_k}); use 0 to disable it")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"SamplingConfig.max_new_tokens must be >= 1 (got {self.max_new_tokens})")
+        from jaxrl_llm.checks import ConfigError, check_float, check_int
+
+        if not isinstance(self.greedy, bool):
+            raise ConfigError(f"must be a boolean, got {self.greedy!r}", ("greedy",), "SamplingConfig")
+        check_float(self, "temperature", low=0.0, low_open=not self.greedy)  # greedy ignores it: 0 is fine
+        check_float(self, "top_p", 0.0, 1.0, low_open=True)
+        check_int(self, "top_k", 0)
+        check_int(self, "max_new_tokens", 1)
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+    def with_tokenizer(self, stop_token_ids: tuple[int, ...], pad_id: int) -> "SamplingConfig":
+        """This config with the stop ids (added to its own) and the pad id of a tokenizer."""
+        stops = self.stop_token_ids + tuple(int(t) for t in stop_token_ids if int(t) not in self.stop_token_ids)
+        return dataclasses.replace(self, stop_token_ids=stops, pad_id=int(pad_id))
 
 
 class SampleOutput(NamedTuple):

@@ -1,7 +1,7 @@
 """Tokenizers: load any Hugging Face tokenizer (or the project's own), check it has what the text bridge needs.
 
 The project's tokenizer is a small byte-level BPE trained on the Tic-Tac-Toe environment's text, shipped in
-`jaxrl_llm/assets/tokenizer/` and rebuilt deterministically by `python -m jaxrl_llm.build_tokenizer`.
+`jaxrl_llm/assets/tokenizer/` and rebuilt deterministically by `python -m jaxrl_llm.text.build_tokenizer`.
 It carries LFM2's chat special tokens and a ChatML chat template that behaves like LFM2's:
 
     <|startoftext|><|im_start|>system\\n{system}<|im_end|>\\n<|im_start|>user\\n{user}<|im_end|>\\n...
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-ASSET_DIR = Path(__file__).resolve().parent / "assets" / "tokenizer"
+ASSET_DIR = Path(__file__).resolve().parents[1] / "assets" / "tokenizer"
 
 BOS = "<|startoftext|>"
 EOS = "<|im_end|>"  # end of turn; generation stops here
@@ -63,7 +63,7 @@ def load_tokenizer(path: str | Path | None = None):
     if not folder.is_dir():
         raise FileNotFoundError(
             f"no tokenizer folder at {folder}; pass a local folder holding tokenizer.json / tokenizer_config.json"
-            + (" (rebuild the project's own with `python -m jaxrl_llm.build_tokenizer`)" if path is None else "")
+            + (" (rebuild the project's own with `python -m jaxrl_llm.text.build_tokenizer`)" if path is None else "")
         )
     return AutoTokenizer.from_pretrained(str(folder))
 
@@ -87,7 +87,7 @@ def check_tokenizer(tok) -> None:
         problems.append(f"missing eos token: set tok.eos_token = {IM_END!r} (the end of an assistant turn)")
     if not getattr(tok, "chat_template", None):
         problems.append(
-            "missing chat template: set tok.chat_template (e.g. jaxrl_llm.tokenizer.CHAT_TEMPLATE, ChatML like LFM2)"
+            "missing chat template: set tok.chat_template (e.g. jaxrl_llm.text.tokenizer.CHAT_TEMPLATE, ChatML like LFM2)"
         )
     if problems:
         name = getattr(tok, "name_or_path", "") or type(tok).__name__

@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import optax
+
+from jaxrl_llm.checks import ConfigError, check_choice, check_float, check_int
+
+SCHEDULES = ("cosine", "linear", "constant")
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
     """AdamW with linear warmup then `schedule` ("cosine", "linear" or "constant") down to
-    `end_lr_ratio * learning_rate` at `total_steps`; gradients clipped to `max_grad_norm` (0 disables)."""
+    `end_lr_ratio * learning_rate` at `total_steps` (None: the run's number of steps); gradients clipped
+    to `max_grad_norm` (0 disables). The `[sft.optim]` and `[grpo.optim]` tables."""
 
     learning_rate: float = 1e-4
     warmup_steps: int = 0
-    total_steps: int = 1000
+    total_steps: int | None = None
     schedule: str = "cosine"
     end_lr_ratio: float = 0.1
     weight_decay: float = 0.0
@@ -24,20 +30,31 @@ class OptimConfig:
     max_grad_norm: float = 1.0
 
     def __post_init__(self):
-        if not self.learning_rate > 0:
-            raise ValueError(f"learning_rate must be > 0 (got {self.learning_rate})")
-        if self.warmup_steps < 0 or self.total_steps < 1:
-            raise ValueError(f"need warmup_steps >= 0 and total_steps >= 1 (got {self.warmup_steps}, {self.total_steps})")
-        if self.schedule not in ("cosine", "linear", "constant"):
-            raise ValueError(f"schedule must be 'cosine', 'linear' or 'constant' (got {self.schedule!r})")
-        if not 0.0 <= self.end_lr_ratio <= 1.0:
-            raise ValueError(f"end_lr_ratio must be in [0, 1] (got {self.end_lr_ratio})")
-        if self.max_grad_norm < 0:
-            raise ValueError(f"max_grad_norm must be >= 0, 0 disables clipping (got {self.max_grad_norm})")
+        check_float(self, "learning_rate", low=0.0, low_open=True)
+        check_int(self, "warmup_steps", 0)
+        if self.total_steps is not None:
+            check_int(self, "total_steps", 1)
+        check_choice(self, "schedule", SCHEDULES)
+        check_float(self, "end_lr_ratio", 0.0, 1.0)
+        check_float(self, "weight_decay", low=0.0)
+        check_float(self, "b1", 0.0, 1.0, high_open=True)
+        check_float(self, "b2", 0.0, 1.0, high_open=True)
+        check_float(self, "eps", low=0.0, low_open=True)
+        check_float(self, "max_grad_norm", low=0.0)
+
+    def for_steps(self, steps: int) -> "OptimConfig":
+        """This config with total_steps resolved: its own, else `steps` (at least 1)."""
+        if self.total_steps is not None:
+            return self
+        return dataclasses.replace(self, total_steps=max(int(steps), 1))
 
 
 def learning_rate_schedule(config: OptimConfig) -> optax.Schedule:
-    """Step -> learning rate: linear warmup from 0, then the configured decay."""
+    """Step -> learning rate: linear warmup from 0, then the configured decay (total_steps must be set:
+    `config.for_steps(steps)`)."""
+    if config.total_steps is None:
+        raise ConfigError("is not set: resolve it with OptimConfig.for_steps(steps) first", ("total_steps",),
+                          "OptimConfig")
     peak, end = config.learning_rate, config.learning_rate * config.end_lr_ratio
     decay_steps = max(config.total_steps - config.warmup_steps, 1)
     if config.schedule == "cosine":
@@ -67,3 +84,9 @@ def make_optimizer(config: OptimConfig) -> optax.GradientTransformation:
         )
     )
     return optax.chain(*parts)
+
+
+def global_norm(tree) -> jax.Array:
+    """The global L2 norm of a pytree (optax.tree.norm where it exists, optax.global_norm before)."""
+    norm = getattr(getattr(optax, "tree", None), "norm", None) or optax.global_norm
+    return norm(tree)

@@ -1,10 +1,10 @@
 """Baseline players in the evaluation's setting (1 000 games per opponent, first mover from the seed).
 
-    python -m jaxrl_llm.baselines [--games 1000] [--seed 0]
+    python -m envs.tictactoe.baselines [--games 1000] [--seed 0]
 
 Players: a uniformly random legal mover, the minimax player drawing uniformly among optimal moves, and the
 `best` teacher (optimal moves, the one that wins most often against the random opponent). They play on
-device with `sft_data.expert_games_device` (the environment's own `step` and opponent). They never write
+device with `teacher.expert_games_device` (the game's own `step` and opponent). They never write
 text, so there is no format column and no invalid move. Prints a results table; the last line is one JSON object.
 """
 
@@ -15,11 +15,11 @@ import json
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from envs import tictactoe as ttt
+from envs.tictactoe import game as ttt
+from envs.tictactoe.env import TicTacToe, outcome_rates
+from envs.tictactoe.teacher import expert_games_device
 from jaxrl_llm.metrics import format_results_table
-from jaxrl_llm.sft_data import expert_games_device
 
 PLAYERS = {"random legal mover": ("uniform", 1.0), "minimax (uniform)": ("uniform", 0.0),
            "minimax (best tie-break)": ("best", 0.0)}
@@ -28,17 +28,14 @@ OPPONENTS = {"random": 1.0, "optimal": 0.0}
 
 def baseline_results(games: int = 1000, seed: int = 0) -> dict[str, dict[str, dict[str, float]]]:
     """{player: {opponent: {games, win, draw, loss}}} from `games` games per pair."""
-    params = ttt.EnvParams(max_turns=8)
     out: dict[str, dict[str, dict[str, float]]] = {}
     for i, (name, (teacher, explore)) in enumerate(PLAYERS.items()):
         out[name] = {}
         for j, (opponent, p) in enumerate(OPPONENTS.items()):
             key = jax.random.fold_in(jax.random.PRNGKey(seed), 10 * i + j)
-            g = expert_games_device(key, games, jnp.float32(explore), jnp.float32(p), jnp.float32(p), params, teacher)
-            outcome = np.asarray(g.outcome)
-            out[name][opponent] = {"games": games, "win": float(np.mean(outcome == ttt.OUTCOME_WIN)),
-                                   "draw": float(np.mean(outcome == ttt.OUTCOME_DRAW)),
-                                   "loss": float(np.mean(outcome == ttt.OUTCOME_LOSS))}
+            g = expert_games_device(key, games, jnp.float32(explore), jnp.float32(p), jnp.float32(p), 8, teacher)
+            rates = outcome_rates(g.outcome, g.outcome != ttt.OUTCOME_ONGOING)
+            out[name][opponent] = {"games": games, **{k: rates[k] for k in ("win", "draw", "loss")}}
     return out
 
 
@@ -52,7 +49,7 @@ def main(argv=None) -> int:
     results = baseline_results(args.games, args.seed)
     rows = [{"model": f"{name} vs {opp}", **r, "format": float("nan"), "invalid": 0.0}
             for name, by_opp in results.items() for opp, r in by_opp.items()]
-    print(format_results_table(rows).replace("| nan |", "| - |"))
+    print(format_results_table(rows, TicTacToe.results_columns))
     print(json.dumps({"baselines": results}))
     return 0
 

@@ -1,60 +1,44 @@
-"""SFT data: expert Tic-Tac-Toe games played on device, rendered as chat conversations, saved and loaded.
+"""Tic-Tac-Toe teachers for SFT: minimax players' games on device, their whole game tree, and the rows.
 
 Generation (on device). `expert_games_device` plays many games at once (`jit` + `vmap` over games, `lax.scan`
-over the model's turns) with `envs.tictactoe`: X, the model's side, is a teacher that with probability
-`teacher_random_move_prob` takes a uniformly random free cell and otherwise (teacher "uniform") a uniform draw
-among ALL of `optimal_moves(board, X)` or (teacher "best") the deterministic move of `best_move_table()`: the
-value-keeping move that wins most often against the random opponent; O is the environment's own opponent with a
-per-game `random_move_prob` drawn uniformly in `opponent_p_range`. Per model turn it records the board before the move, the move, whether the
-teacher explored, the move's kind (`move_kind`, also on device) and the state that the next environment message
-renders. Move kinds, first that applies: win (the move completes three X in a line), block (O would complete a
-line on that cell), centre (cell 4), corner (0, 2, 6, 8), other.
+over the model's turns) with the game's own `reset` / `step`: X, the model's side, is a teacher that with
+probability `explore` takes a uniformly random free cell and otherwise (kind "uniform") a uniform draw among ALL
+of `optimal_moves(board, X)` or (kind "best") the deterministic move of `best_move_table()`: the value-keeping
+move that wins most often against the random opponent; O is the game's own opponent with a per-game
+`random_move_prob` drawn uniformly in the teacher's opponent range. Per model turn it records the board before
+the move, the move, whether the teacher explored, the move's kind (`move_kind`, also on device) and the state
+that the next environment message renders. Move kinds, first that applies: win (the move completes three X in
+a line), block (O would complete a line on that cell), centre (cell 4), corner (0, 2, 6, 8), other.
 
-Rendering (host). `games_to_rows` renders every game with a prompt preset of `jaxrl_llm.text` (`system_prompt`
-for the system message, `render_message` for every environment message) and writes each reply as
-`<think>{reasoning}</think>\\n<move>{k}</move>`, the reasoning a short template chosen from the move kind (two
-wordings per kind, picked by the game's seed and turn; see `REASONING`), or empty with reasoning "none". Lost games are
-filtered out, as the reference did for `anakin87/tictactoe-filtered`, and so are unfinished ones.
+The tree (host). The "best" teacher is deterministic, so the games it can meet against ANY opponent form a
+tree (738 games); `exhaustive_expert_games` walks it depth first with the game's `model_move` and
+`opponent_move_applied`, and `best_move_table` runs its dynamic programme over the game's own `winner` and
+minimax tables: the rules live only in `envs.tictactoe.game`.
 
-Dataset format (the conversational prompt/completion layout of `anakin87/tictactoe` and
-`anakin87/tictactoe-filtered`): ONE ROW PER WHOLE GAME. The public dataset cards list features `prompt` and
-`completion`, each a list of `{content: string, role: string}`, plus `info` {example_seed, initial_board,
-random_move_prob} and reward columns; 200 rows are 200 games, and the filtered set's 174 rows are the "174
-synthetic games" the SFT checkpoint's card says it trained on. Here:
-
-    prompt:     [{"role": "system", "content": system prompt}, {"role": "user", "content": first env message}]
-    completion: [{"role": "assistant", "content": reply 1}, {"role": "user", "content": env message 1}, ...,
-                 {"role": "assistant", "content": last reply}, {"role": "user", "content": final message}]
-    info:       {"example_seed": int, "random_move_prob": float (the opponent's p), "initial_board":
-                 [None | "O"] * 9, "teacher_random_move_prob": float, "moves": [int], "move_kinds": [str],
-                 "explored": [bool], "outcome": "win" | "draw", "preset": str}
-
-The final message (`{status}\\n\\n{board}`) closes the completion; it is a user turn, so it carries no loss.
-`load_sft_dataset` reads the same layout from a `save_to_disk` folder (a `DatasetDict` gives its `train` split),
-a JSON Lines / JSON / Parquet file, a folder of Parquet or JSON files (a downloaded Hub snapshot of the public
-dataset), or a TFDS folder written by `export_tfds`; only `prompt` and `completion` are required, other columns
-are kept as they are.
-
-TFDS (optional, extra `tfds`): `export_tfds` writes the rows with a `tfds.core.GeneratorBasedBuilder` as
-`array_record` files; that path needs no TensorFlow (checked with tensorflow-datasets 4.9 and array-record 0.8).
-Messages are stored as sequences of {role, content} text features and `info` as JSON text; `load_tfds` reads them
-back through `as_data_source()` in the original order.
+Rendering (host). `games_to_rows` renders every game with a prompt preset of `envs.tictactoe.text`
+(`system_prompt` for the system message, `render_message` for every environment message) and writes each reply
+as `<think>{reasoning}</think>\n<move>{k}</move>`, the reasoning a short template chosen from the move kind
+(two wordings per kind, picked by the game's seed and turn; see `REASONING`), or empty with reasoning "none".
+Lost games are filtered out, as the reference did for `anakin87/tictactoe-filtered`, and so are unfinished ones.
+A row is one whole game in the conversational prompt/completion layout of `anakin87/tictactoe` (see
+`jaxrl_llm.data.sft_data`), with `info` {example_seed, random_move_prob, initial_board, teacher_random_move_prob,
+moves, move_kinds, explored, outcome, preset}.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import json
-import shutil
-from pathlib import Path
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs import tictactoe as ttt
-from jaxrl_llm import text
+from envs.tictactoe import game as ttt
+from envs.tictactoe import text
+from jaxrl_llm.checks import ConfigError, check_choice, check_int, check_probability
+
 
 # Move kinds (first that applies).
 MOVE_WIN, MOVE_BLOCK, MOVE_CENTRE, MOVE_CORNER, MOVE_OTHER = 0, 1, 2, 3, 4
@@ -71,10 +55,7 @@ REASONING: dict[int, tuple[str, ...]] = {
     MOVE_OTHER: ("I take {k}.", "{k} keeps my options open."),
 }
 
-_OUTCOME_NAMES = {ttt.OUTCOME_WIN: "win", ttt.OUTCOME_DRAW: "draw", ttt.OUTCOME_LOSS: "loss",
-                  ttt.OUTCOME_UNFINISHED: "unfinished", ttt.OUTCOME_ONGOING: "ongoing"}
-
-TFDS_EXTRA_HINT = "pip install 'jaxrl_llm[tfds]'  (tensorflow-datasets and array-record; TensorFlow is not needed)"
+_OUTCOME_NAMES = {**ttt.OUTCOME_NAMES, ttt.OUTCOME_ONGOING: "unfinished"}  # a game the turn limit ended
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -141,7 +122,7 @@ def best_move_table() -> np.ndarray:
     score = np.asarray(ttt.minimax_table()).astype(np.int32)  # [3^9, 2]: column 0 X to move, 1 O to move
     value = np.sign(score)
     pow3 = 3 ** np.arange(9)
-    lines = np.asarray(ttt.LINES)
+    won, full = ttt.terminal_tables()
     best = np.full(3 ** 9, -1, np.int8)
     memo: dict[tuple[int, int], float] = {}
 
@@ -153,10 +134,9 @@ def best_move_table() -> np.ndarray:
         if key in memo:
             return memo[key]
         board = cells(index)
-        marks = board[lines]
-        if (marks == ttt.X).all(1).any():
+        if won[index] == ttt.X:
             result = 1.0
-        elif (marks == ttt.O).all(1).any() or not (board == ttt.EMPTY).any():
+        elif won[index] == ttt.O or full[index]:
             result = 0.0
         else:
             free = np.flatnonzero(board == ttt.EMPTY)
@@ -188,14 +168,13 @@ def teacher_win_rate_vs_random() -> float:
     """The `best` teacher's exact win probability against the random opponent, first mover 50 / 50."""
     table = best_move_table()
     pow3 = 3 ** np.arange(9)
-    lines = np.asarray(ttt.LINES)
+    won, full = ttt.terminal_tables()
 
     def prob(index: int, x_to_move: bool) -> float:
         board = (index // pow3) % 3
-        marks = board[lines]
-        if (marks == ttt.X).all(1).any():
+        if won[index] == ttt.X:
             return 1.0
-        if (marks == ttt.O).all(1).any() or not (board == ttt.EMPTY).any():
+        if won[index] == ttt.O or full[index]:
             return 0.0
         if x_to_move:
             return prob(index + ttt.X * int(pow3[table[index]]), False)
@@ -229,17 +208,17 @@ def teacher_move(board: jax.Array, uniform: jax.Array, bits: jax.Array,
     return move.astype(jnp.int32), explored
 
 
-def _play_one(state: ttt.State, uniform: jax.Array, bits: jax.Array, teacher_p: jax.Array, params: ttt.EnvParams,
+def _play_one(state: ttt.State, uniform: jax.Array, bits: jax.Array, teacher_p: jax.Array, max_turns: int,
               teacher: str = "uniform"):
-    """One game from its reset state: scan over the model's turns (a finished game stays unchanged).
+    """One game from its reset state: scan over the model's turns (a finished game stays unchanged; turns
+    from `max_turns` on are not played). uniform f32[T], bits uint32[T]: the teacher's random numbers."""
 
-    uniform f32[T], bits uint32[T]: the teacher's random numbers per turn."""
-
-    def turn(state, rand):
-        live = ~state.done
-        move, explored = teacher_move(state.board, rand[0], rand[1], teacher_p, teacher)
+    def turn(state, inputs):
+        rand_u, rand_b, t = inputs
+        live = ~state.done & (t < max_turns)
+        move, explored = teacher_move(state.board, rand_u, rand_b, teacher_p, teacher)
         kind = move_kind(state.board, move)
-        new = ttt.step(state, move, params)  # a done state comes back unchanged
+        new = jax.tree.map(lambda a, b: jnp.where(live, a, b), ttt.step(state, move), state)
         record = (
             state.board,
             jnp.where(live, move, -1),
@@ -251,30 +230,31 @@ def _play_one(state: ttt.State, uniform: jax.Array, bits: jax.Array, teacher_p: 
         )
         return new, record
 
-    final, rec = jax.lax.scan(turn, state, (uniform, bits))
+    steps = jnp.arange(uniform.shape[0], dtype=jnp.int32)
+    final, rec = jax.lax.scan(turn, state, (uniform, bits, steps))
     num_moves = (rec[1] >= 0).sum().astype(jnp.int32)
     return final, rec, num_moves
 
 
-@functools.partial(jax.jit, static_argnames=("num_games", "params", "teacher"))
+@functools.partial(jax.jit, static_argnames=("num_games", "max_turns", "teacher"))
 def expert_games_device(key: jax.Array, num_games: int, teacher_random_move_prob: jax.Array, p_min: jax.Array,
-                        p_max: jax.Array, params: ttt.EnvParams = ttt.EnvParams(),
-                        teacher: str = "uniform") -> ExpertGames:
+                        p_max: jax.Array, max_turns: int = 8, teacher: str = "uniform") -> ExpertGames:
     """Play `num_games` teacher-vs-opponent games on device -> ExpertGames of device arrays.
 
     key: PRNG key; teacher_random_move_prob, p_min, p_max: f32[] (traced: no recompile when they change);
-    the opponent's p of each game is uniform in [p_min, p_max]. Static num_games, EnvParams and teacher
-    ("uniform" or "best", see `teacher_move`)."""
+    the opponent's p of each game is uniform in [p_min, p_max]. Static num_games, max_turns (the teacher's
+    replies at most; a game still going then is unfinished) and teacher ("uniform" or "best", see
+    `teacher_move`)."""
     k_seed, k_p, k_uniform, k_bits = jax.random.split(key, 4)
     seeds = jax.random.bits(k_seed, (num_games,), jnp.uint32)
     p = jax.random.uniform(k_p, (num_games,), jnp.float32, minval=p_min, maxval=p_max)
     p = jnp.clip(p, p_min, p_max)
     uniform = jax.random.uniform(k_uniform, (num_games, MAX_MODEL_MOVES), jnp.float32)
     bits = jax.random.bits(k_bits, (num_games, MAX_MODEL_MOVES), jnp.uint32)
-    start = jax.vmap(ttt.reset, in_axes=(0, 0, None))(seeds, p, params)
+    start = jax.vmap(ttt.reset)(seeds, p)
     teacher_p = jnp.asarray(teacher_random_move_prob, jnp.float32)
     final, rec, num_moves = jax.vmap(_play_one, in_axes=(0, 0, 0, None, None, None))(
-        start, uniform, bits, teacher_p, params, teacher)
+        start, uniform, bits, teacher_p, max_turns, teacher)
     boards, moves, kinds, explored, after_boards, statuses, last_opp = rec
     return ExpertGames(
         seed=seeds, random_move_prob=start.random_move_prob, first_board=start.board,
@@ -320,12 +300,12 @@ def generate_expert_games(key: jax.Array, num_games: int, *, teacher_random_move
         raise ValueError(f"num_games must be an int >= 1, got {num_games!r}")
     teacher_p = _check_prob("teacher_random_move_prob", teacher_random_move_prob)
     p_min, p_max = check_p_range(opponent_p_range)
-    params = ttt.EnvParams(max_turns=max_turns)
     games = expert_games_device(key, int(num_games), jnp.float32(teacher_p), jnp.float32(p_min),
-                                jnp.float32(p_max), params, teacher)
+                                jnp.float32(p_max), int(max_turns), teacher)
     return ExpertGames(*(np.asarray(x) for x in jax.device_get(games)))
 
 
+@functools.lru_cache(maxsize=1)
 def exhaustive_expert_games() -> ExpertGames:
     """Every game the deterministic `best` teacher can meet, each once (NumPy ExpertGames, host).
 
@@ -335,42 +315,65 @@ def exhaustive_expert_games() -> ExpertGames:
     can face appears in them, and so an SFT set made of them covers every board a model that plays like the
     teacher meets in evaluation, whatever the opponent. Order: X-first games, then O-first ones, each in
     depth-first order of the opponent's cells. `random_move_prob` is -1 (no single opponent strength) and
-    `seed` the game's index; statuses follow `envs.tictactoe.step`.
+    `seed` the game's index; statuses follow `envs.tictactoe.step`. Cached: do not modify the arrays.
     """
     table = best_move_table()
     pow3 = 3 ** np.arange(9)
-    lines = np.asarray(ttt.LINES)
+    cells = jnp.arange(9, dtype=jnp.int32)
 
-    def won(board, player):
-        return bool((board[lines] == player).all(1).any())
+    @jax.jit
+    def expand(states: ttt.State, moves: jax.Array):
+        """[R] states, int32[R] X moves -> (states after X, [R, 9] states after O on each cell)."""
+        after = jax.vmap(ttt.model_move)(states, moves)
+        return after, jax.vmap(jax.vmap(ttt.opponent_move_applied, in_axes=(None, 0)), in_axes=(0, None))(after, cells)
 
-    games: list[tuple] = []
+    def expand_all(states, moves, chunk: int = 256):
+        """`expand` in fixed-size chunks (one compiled shape; the last chunk padded with copies of row 0)."""
+        n = len(moves)
+        pad = -n % chunk
+        states, moves = jax.tree.map(lambda x: np.concatenate([x, np.repeat(x[:1], pad, 0)]), (states, moves))
+        parts = [jax.device_get(expand(jax.tree.map(lambda x: x[i:i + chunk], states), moves[i:i + chunk]))
+                 for i in range(0, n + pad, chunk)]
+        return jax.tree.map(lambda *xs: np.concatenate(xs)[:n], *parts)
 
-    def play(board, first, turns, last):
-        """X to move on `board` (`last`: the opponent's latest move, -1 none); turns: [(board before, move,
-        after board, status, last opp)] so far."""
-        move = int(table[int((board * pow3).sum())])
-        after = board.copy()
-        after[move] = ttt.X
-        if won(after, ttt.X) or not (after == ttt.EMPTY).any():
-            status = ttt.STATUS_WIN if won(after, ttt.X) else ttt.STATUS_DRAW
-            games.append((first, turns + [(board, move, after, status, last)]))
-            return
-        for reply in np.flatnonzero(after == ttt.EMPTY):
-            nxt = after.copy()
-            nxt[reply] = ttt.O
-            if won(nxt, ttt.O) or not (nxt == ttt.EMPTY).any():
-                status = ttt.STATUS_LOSS if won(nxt, ttt.O) else ttt.STATUS_OPP_DRAW
-                games.append((first, turns + [(board, move, nxt, status, int(reply))]))
-            else:
-                play(nxt, first, turns + [(board, move, nxt, ttt.STATUS_OPP_MOVED, int(reply))], int(reply))
-
+    # The walk goes one model move at a time over the whole frontier (batched calls of the game's own
+    # functions); each line carries its path of opponent cells, and sorting the finished games by path
+    # gives the depth-first order (the paths are prefix-free: a finished game has no continuation).
     empty = np.zeros(9, np.int8)
-    play(empty, (empty, ttt.STATUS_START_MODEL_FIRST, -1), [], -1)
+    start = ttt.State(board=empty, to_play=np.int8(1), turns=np.int32(0), invalid_moves=np.int32(0),
+                      missing_moves=np.int32(0), done=np.bool_(False), outcome=np.int8(ttt.OUTCOME_ONGOING),
+                      last_opponent_move=np.int8(-1), status=np.int8(ttt.STATUS_START_MODEL_FIRST),
+                      seed=np.uint32(0), random_move_prob=np.float32(0.0))
+    openings = [(empty, ttt.STATUS_START_MODEL_FIRST, -1, (0,))]
     for opening in range(9):
         board = empty.copy()
         board[opening] = ttt.O
-        play(board, (board, ttt.STATUS_START_OPP_FIRST, opening), [], opening)
+        openings.append((board, ttt.STATUS_START_OPP_FIRST, opening, (1, opening)))
+    frontier = jax.tree.map(lambda *xs: np.stack(xs), *[
+        start._replace(board=b, status=np.int8(st), last_opponent_move=np.int8(k)) for b, st, k, _ in openings])
+    lines = [((b, st, k), [], path) for b, st, k, path in openings]  # (first message, turns, path) per row
+    games: list[tuple] = []
+    while lines:
+        boards = np.asarray(frontier.board)
+        moves = table[(boards.astype(np.int64) * pow3).sum(1)].astype(np.int32)
+        after, replies = expand_all(frontier, moves)  # replies [rows, 9]: O on each cell (free ones used)
+        keep_rows, keep_cells, next_lines = [], [], []
+        for r, (first, turns, path) in enumerate(lines):
+            if after.done[r]:
+                games.append((path, first, turns + [(boards[r], int(moves[r]), after.board[r], int(after.status[r]),
+                                                     int(after.last_opponent_move[r]))]))
+                continue
+            for c in np.flatnonzero(after.board[r] == ttt.EMPTY):
+                turn = (boards[r], int(moves[r]), replies.board[r, c], int(replies.status[r, c]), int(c))
+                if replies.done[r, c]:
+                    games.append((path + (int(c),), first, turns + [turn]))
+                else:
+                    keep_rows.append(r)
+                    keep_cells.append(c)
+                    next_lines.append((first, turns + [turn], path + (int(c),)))
+        frontier = jax.tree.map(lambda x: x[np.array(keep_rows, int), np.array(keep_cells, int)], replies)
+        lines = next_lines
+    games = [(first, turns) for _, first, turns in sorted(games, key=lambda g: g[0])]
 
     n, t_max = len(games), MAX_MODEL_MOVES
     boards = np.zeros((n, t_max, 9), np.int8)
@@ -387,11 +390,9 @@ def exhaustive_expert_games() -> ExpertGames:
             boards[i, t], moves[i, t], after_boards[i, t] = before, move, after
             statuses[i, t], last_opp[i, t] = status, opp
         final = turns[-1][3]
-        outcome[i] = ttt.OUTCOME_WIN if final == ttt.STATUS_WIN else (
-            ttt.OUTCOME_LOSS if final == ttt.STATUS_LOSS else ttt.OUTCOME_DRAW)
+        outcome[i] = {ttt.STATUS_WIN: ttt.OUTCOME_WIN, ttt.STATUS_LOSS: ttt.OUTCOME_LOSS}.get(final, ttt.OUTCOME_DRAW)
     valid = moves >= 0
-    flat_kinds = np.asarray(jax.vmap(move_kind)(jnp.asarray(boards.reshape(-1, 9)),
-                                                jnp.asarray(np.maximum(moves, 0).reshape(-1))))
+    flat_kinds = np.asarray(jax.jit(jax.vmap(move_kind))(boards.reshape(-1, 9), np.maximum(moves, 0).reshape(-1)))
     kinds = np.where(valid, flat_kinds.reshape(n, t_max), -1).astype(np.int8)
     return ExpertGames(
         seed=np.arange(n, dtype=np.uint32), random_move_prob=np.full(n, -1.0, np.float32),
@@ -460,7 +461,7 @@ def render_game(games: ExpertGames, i: int, preset: str | text.PromptPreset = "r
         move, kind = int(games.moves[i, t]), int(games.kinds[i, t])
         completion.append({"role": "assistant", "content": reply_text(kind, move, seed + t, reasoning)})
         status = int(games.statuses[i, t])
-        if int(games.outcome[i]) == ttt.OUTCOME_UNFINISHED and t == n - 1:
+        if int(games.outcome[i]) == ttt.OUTCOME_ONGOING and t == n - 1:
             break  # an unfinished game gets no further message
         completion.append({"role": "user", "content": text.render_message(
             preset, games.after_boards[i, t], status, int(games.last_opp[i, t]))})
@@ -489,13 +490,13 @@ def games_to_rows(games: ExpertGames, preset: str | text.PromptPreset = "referen
     return [render_game(games, int(i), preset, reasoning) for i in np.flatnonzero(keep)]
 
 
-def make_expert_dataset(key: jax.Array, num_games: int, *, teacher_random_move_prob: float = 0.1,
-                        opponent_p_range: Sequence[float] = (0.0, 1.0), preset: str = "reference",
-                        max_turns: int = 8, teacher: str = "uniform", reasoning: str = "templates",
-                        tree_copies: int = 0):
-    """Play `num_games` expert games on device and return the kept ones as a `datasets.Dataset` (one row a game).
+def expert_rows(key: jax.Array, num_games: int, *, teacher_random_move_prob: float = 0.1,
+                opponent_p_range: Sequence[float] = (0.0, 1.0), preset: str = "reference",
+                max_turns: int = 8, teacher: str = "uniform", reasoning: str = "templates",
+                tree_copies: int = 0) -> list[dict]:
+    """Play `num_games` expert games on device and return the kept ones as rows (one row a game).
 
-    Lost and unfinished games are dropped, so the dataset may hold fewer than `num_games` rows. tree_copies > 0
+    Lost and unfinished games are dropped, so there may be fewer than `num_games` rows. tree_copies > 0
     (teacher "best" without exploration only) appends that many copies of `exhaustive_expert_games()`, the
     whole tree of games the teacher can meet, so every position it can face is in the data."""
     _preset(preset)
@@ -512,255 +513,62 @@ def make_expert_dataset(key: jax.Array, num_games: int, *, teacher_random_move_p
     rows = games_to_rows(games, preset, reasoning=reasoning)
     if tree_copies:
         rows += games_to_rows(exhaustive_expert_games(), preset, reasoning=reasoning) * int(tree_copies)
-    return rows_to_dataset(rows)
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Hugging Face datasets I/O
+# The teacher as config (the env's `Teacher`: the `[sft.teacher]` table)
 # ---------------------------------------------------------------------------------------------------------
 
 
-def sft_features():
-    """The `datasets.Features` of the rows this module writes (messages as lists of {content, role})."""
-    import datasets
+@dataclasses.dataclass(frozen=True)
+class Teacher:
+    """Tic-Tac-Toe SFT data: `num_games` games of a minimax teacher against the game's opponent.
 
-    message = [{"content": datasets.Value("string"), "role": datasets.Value("string")}]
-    return datasets.Features({
-        "prompt": message,
-        "completion": message,
-        "info": {
-            "example_seed": datasets.Value("int64"),
-            "random_move_prob": datasets.Value("float64"),
-            "initial_board": [datasets.Value("string")],
-            "teacher_random_move_prob": datasets.Value("float64"),
-            "moves": [datasets.Value("int32")],
-            "move_kinds": [datasets.Value("string")],
-            "explored": [datasets.Value("bool")],
-            "outcome": datasets.Value("string"),
-            "preset": datasets.Value("string"),
-        },
-    })
+    kind: "uniform" (a uniform draw among the optimal moves) or "best" (the optimal move that wins most
+    often against the random opponent, deterministic); reasoning: "templates" (a short templated thought in
+    <think>) or "none" (an empty <think></think>); explore_prob: how often the teacher plays a uniformly
+    random legal move instead (its replies stay well formatted); the opponent plays at p uniform in
+    [opponent_p_min, opponent_p_max] (None: = opponent_p_min); tree_copies: copies of every game the "best"
+    teacher can meet (its whole tree, 738 games) added to the sampled ones.
+    """
 
+    num_games: int = 1000
+    kind: str = "uniform"
+    reasoning: str = "templates"
+    explore_prob: float = 0.0
+    opponent_p_min: float = 0.5
+    opponent_p_max: float | None = None
+    tree_copies: int = 0
 
-def rows_to_dataset(rows: Sequence[dict]):
-    """List of {prompt, completion, ...} rows -> `datasets.Dataset` (checks the format first).
+    def __post_init__(self) -> None:
+        check_int(self, "num_games", 1)
+        check_choice(self, "kind", TEACHERS)
+        check_choice(self, "reasoning", REASONING_STYLES)
+        check_probability(self, "explore_prob")
+        check_probability(self, "opponent_p_min")
+        if self.opponent_p_max is not None:
+            check_probability(self, "opponent_p_max")
+            if self.opponent_p_max < self.opponent_p_min:
+                raise ConfigError(f"must be >= opponent_p_min ({self.opponent_p_min}), got {self.opponent_p_max}",
+                                  ("opponent_p_max",), "Teacher")
+        check_int(self, "tree_copies", 0)
+        if self.tree_copies and (self.kind != "best" or self.explore_prob > 0):
+            raise ConfigError('needs the deterministic teacher: kind = "best" and explore_prob = 0',
+                              ("tree_copies",), "Teacher")
 
-    Rows in this module's layout get the fixed `sft_features()`; others (e.g. the public dataset's) are inferred."""
-    import datasets
+    @property
+    def opponent_p_range(self) -> tuple[float, float]:
+        """(p_min, p_max) of the teacher's opponent."""
+        return self.opponent_p_min, self.opponent_p_min if self.opponent_p_max is None else self.opponent_p_max
 
-    rows = list(rows)
-    for i, row in enumerate(rows):
-        check_row(row, i)
-    features = sft_features()
-    ours = all(set(row) == set(features) and set(row["info"]) == set(features["info"]) for row in rows)
-    if ours:
-        return datasets.Dataset.from_list(rows, features=features)
-    return datasets.Dataset.from_list(rows)
+    @property
+    def deterministic(self) -> bool:
+        """The best teacher without exploration: its whole game tree is a complete exactness check."""
+        return self.kind == "best" and self.explore_prob == 0
 
-
-def _check_messages(messages: Any, where: str) -> None:
-    if not isinstance(messages, (list, tuple)):
-        raise ValueError(f"{where} must be a list of {{role, content}} messages, got {type(messages).__name__}")
-    for j, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise ValueError(f"{where}[{j}] must be a dict with string 'role' and 'content', got {m!r}")
-
-
-def check_row(row: dict, index: int = 0) -> None:
-    """Raise ValueError unless `row` has `prompt` and `completion` message lists."""
-    for field in ("prompt", "completion"):
-        if field not in row:
-            raise ValueError(f"row {index} has no {field!r} field (columns: {sorted(row)}); expected the "
-                             "conversational prompt/completion format")
-        _check_messages(row[field], f"row {index} {field}")
-
-
-def conversation(row: dict) -> list[dict]:
-    """A row's whole conversation: prompt + completion messages ({role, content} only)."""
-    return [{"role": m["role"], "content": m["content"]} for m in list(row["prompt"]) + list(row["completion"])]
-
-
-def save_sft_dataset(dataset, path: str | Path) -> None:
-    """Save a dataset (or a list of rows) with `datasets`' save_to_disk."""
-    if not hasattr(dataset, "save_to_disk"):
-        dataset = rows_to_dataset(dataset)
-    dataset.save_to_disk(str(path))
-
-
-def export_jsonl(dataset, path: str | Path) -> None:
-    """Write a dataset (or a list of rows) as JSON Lines, one game a line."""
-    if hasattr(dataset, "to_list"):
-        dataset = dataset.to_list()
-    with open(path, "w", encoding="utf-8") as f:
-        for row in dataset:
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-
-
-def _is_tfds_dir(folder: Path) -> bool:
-    return (folder / "features.json").is_file() and (folder / "dataset_info.json").is_file()
-
-
-def _find_tfds_dir(folder: Path) -> Path | None:
-    if _is_tfds_dir(folder):
-        return folder
-    found = sorted(p.parent for p in folder.glob("*/*/features.json") if _is_tfds_dir(p.parent))
-    return found[0] if len(found) == 1 else None
-
-
-def load_sft_dataset(path: str | Path, split: str = "train"):
-    """Load prompt/completion rows as a `datasets.Dataset` from any supported layout (see the module docstring).
-
-    path: a save_to_disk folder, a .jsonl/.json/.parquet file, a folder of Parquet/JSON files (a Hub snapshot),
-    or a TFDS folder from `export_tfds`. `split` picks the split of a DatasetDict / TFDS dataset."""
-    import datasets
-
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no dataset at {path}")
-    if path.is_file():
-        ds = _load_files([path])
-    elif (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
-        ds = datasets.load_from_disk(str(path))
-        if isinstance(ds, datasets.DatasetDict):
-            if split not in ds:
-                raise ValueError(f"{path} has splits {sorted(ds)}, not {split!r}")
-            ds = ds[split]
-    elif (tfds_dir := _find_tfds_dir(path)) is not None:
-        ds = rows_to_dataset(load_tfds(tfds_dir, split))
-    else:
-        files = sorted(p for p in path.rglob("*") if p.suffix in (".parquet", ".jsonl", ".json")
-                       and p.name not in ("dataset_info.json", "state.json", "dataset_dict.json", "features.json"))
-        with_split = [p for p in files if p.name.startswith(split) or p.parent.name == split]
-        files = with_split or files
-        if not files:
-            raise ValueError(f"{path}: no save_to_disk dataset, TFDS folder, or Parquet/JSON files found")
-        ds = _load_files(files)
-    for field in ("prompt", "completion"):
-        if field not in ds.column_names:
-            raise ValueError(f"{path}: no {field!r} column (columns: {ds.column_names}); expected the "
-                             "conversational prompt/completion format of anakin87/tictactoe-filtered")
-    if len(ds):
-        check_row(ds[0], 0)
-    return ds
-
-
-def _load_files(files: list[Path]):
-    import datasets
-
-    kinds = {p.suffix for p in files}
-    if kinds == {".parquet"}:
-        return datasets.Dataset.from_parquet([str(p) for p in files])
-    if kinds <= {".jsonl", ".json"}:
-        # Parsed with Python's json: exact floats (Arrow's JSON reader rounds some doubles in the last digits).
-        rows = []
-        for p in files:
-            content = p.read_text(encoding="utf-8")
-            if content.lstrip().startswith("["):
-                rows.extend(json.loads(content))
-            else:
-                rows.extend(json.loads(line) for line in content.splitlines() if line.strip())
-        return rows_to_dataset(rows)
-    raise ValueError(f"cannot load a mix of file types {sorted(kinds)}: {files}")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Optional TFDS export (array_record, no TensorFlow)
-# ---------------------------------------------------------------------------------------------------------
-
-
-def _require_tfds():
-    try:
-        import array_record  # noqa: F401
-        import tensorflow_datasets as tfds
-    except ImportError as e:
-        raise ImportError(f"the TFDS export needs the optional 'tfds' extra: {TFDS_EXTRA_HINT} ({e})") from e
-    return tfds
-
-
-TFDS_NAME = "tic_tac_toe_sft"  # the builder's dataset name (folder under data_dir)
-
-
-@functools.lru_cache(maxsize=1)
-def _builder_class():
-    tfds = _require_tfds()
-    from etils import epath
-
-    class TicTacToeSft(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-        """Tic-Tac-Toe SFT games: one example a game, messages as sequences of {role, content}."""
-
-        VERSION = tfds.core.Version("1.0.0")
-        RELEASE_NOTES = {"1.0.0": "Expert games in the prompt/completion format."}
-        # TFDS derives this from the defining package and, for a package installed as a plain folder, then needs
-        # the `importlib_resources` backport (not always installed with tensorflow-datasets 4.9): set it directly.
-        code_path = epath.Path(__file__)
-
-        def __init__(self, rows: Sequence[dict] = (), split: str = "train", **kwargs):
-            self._rows = list(rows)
-            self._split = split
-            super().__init__(**kwargs)
-
-        def _info(self):
-            message = tfds.features.Sequence({"role": tfds.features.Text(), "content": tfds.features.Text()})
-            features = tfds.features.FeaturesDict({
-                "index": tfds.features.Scalar(dtype=np.int64),
-                "prompt": message,
-                "completion": message,
-                "info": tfds.features.Text(),  # JSON
-            })
-            return tfds.core.DatasetInfo(builder=self, features=features, description=__doc__)
-
-        def _split_generators(self, dl_manager):
-            del dl_manager
-            return {self._split: self._generate_examples()}
-
-        def _generate_examples(self):
-            for i, row in enumerate(self._rows):
-                yield i, {
-                    "index": i,
-                    "prompt": _columns(row["prompt"]),
-                    "completion": _columns(row["completion"]),
-                    "info": json.dumps(row.get("info", {}), ensure_ascii=False),
-                }
-
-    return TicTacToeSft
-
-
-def _columns(messages: Sequence[dict]) -> dict:
-    return {"role": [m["role"] for m in messages], "content": [m["content"] for m in messages]}
-
-
-def export_tfds(rows: Iterable[dict], data_dir: str | Path, *, split: str = "train", overwrite: bool = False) -> Path:
-    """Write rows (a list or a `datasets.Dataset`) as a TFDS dataset of array_record files, without TensorFlow.
-
-    Returns the dataset's folder `data_dir/tic_tac_toe_sft/1.0.0` (readable with `load_tfds`,
-    `tfds.builder_from_directory` or `load_sft_dataset`). ImportError naming the `tfds` extra if it is missing;
-    FileExistsError if the folder exists and not overwrite."""
-    tfds = _require_tfds()
-    rows = list(rows)
-    for i, row in enumerate(rows):
-        check_row(row, i)
-    target = Path(data_dir) / TFDS_NAME / "1.0.0"
-    if target.exists():
-        if not overwrite:
-            raise FileExistsError(f"{target} exists; pass overwrite=True to replace it")
-        shutil.rmtree(target)
-    builder = _builder_class()(rows, split, data_dir=str(data_dir), file_format="array_record")
-    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(try_download_gcs=False))
-    return Path(builder.data_dir)
-
-
-def load_tfds(path: str | Path, split: str = "train") -> list[dict]:
-    """Read a TFDS folder written by `export_tfds` back into rows {prompt, completion, info}, in order."""
-    tfds = _require_tfds()
-    source = tfds.builder_from_directory(str(path)).as_data_source()[split]
-    records = sorted((source[i] for i in range(len(source))), key=lambda r: int(r["index"]))
-
-    def messages(cols):
-        return [{"role": _str(r), "content": _str(c)} for r, c in zip(cols["role"], cols["content"])]
-
-    return [{"prompt": messages(r["prompt"]), "completion": messages(r["completion"]),
-             "info": json.loads(_str(r["info"]))} for r in records]
-
-
-def _str(value: Any) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+    def rows(self, key: jax.Array, preset: str, max_turns: int) -> list[dict]:
+        """The SFT rows of this teacher (see `expert_rows`)."""
+        return expert_rows(key, self.num_games, teacher_random_move_prob=self.explore_prob,
+                           opponent_p_range=self.opponent_p_range, preset=preset, max_turns=max_turns,
+                           teacher=self.kind, reasoning=self.reasoning, tree_copies=self.tree_copies)

@@ -1,0 +1,1 @@
+"""Learning algorithms: GRPO (`grpo`), SFT (`sft`) and their optimizers (`optim`)."""

@@ -1,0 +1,1 @@
+"""Data on disk: SFT conversations (`sft_data`)."""

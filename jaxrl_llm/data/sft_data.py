@@ -1,0 +1,258 @@
+"""SFT data on disk: prompt/completion conversations as `datasets` data sets, JSON Lines, Parquet or TFDS.
+
+Format (the conversational prompt/completion layout of `anakin87/tictactoe` and `anakin87/tictactoe-filtered`):
+ONE ROW PER WHOLE EPISODE.
+
+    prompt:     [{"role": "system", "content": system prompt}, {"role": "user", "content": first env message}]
+    completion: [{"role": "assistant", "content": reply 1}, {"role": "user", "content": env message 1}, ...,
+                 {"role": "assistant", "content": last reply}, ({"role": "user", "content": final message})]
+    info:       anything JSON (an env's teacher writes its own facts: seeds, moves, outcome, ...)
+
+A final message closes the completion when the env has one; it is a user turn, so it carries no loss.
+`load_sft_dataset` reads the same layout from a `save_to_disk` folder (a `DatasetDict` gives its `train` split),
+a JSON Lines / JSON / Parquet file, a folder of Parquet or JSON files (a downloaded Hub snapshot of the public
+dataset), or a TFDS folder written by `export_tfds`; only `prompt` and `completion` are required, other columns
+are kept as they are. Rows are made by an env's teacher (`env.demonstrations`, e.g.
+`envs.tictactoe.teacher`).
+
+TFDS (optional, extra `tfds`): `export_tfds` writes the rows with a `tfds.core.GeneratorBasedBuilder` as
+`array_record` files; that path needs no TensorFlow (checked with tensorflow-datasets 4.9 and array-record 0.8).
+Messages are stored as sequences of {role, content} text features and `info` as JSON text; `load_tfds` reads them
+back through `as_data_source()` in the original order.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+TFDS_EXTRA_HINT = "pip install 'jaxrl_llm[tfds]'  (tensorflow-datasets and array-record; TensorFlow is not needed)"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Hugging Face datasets I/O
+# ---------------------------------------------------------------------------------------------------------
+
+
+def rows_to_dataset(rows: Sequence[dict]):
+    """List of {prompt, completion, ...} rows -> `datasets.Dataset` (checks the format first; features
+    inferred from the rows)."""
+    import datasets
+
+    rows = list(rows)
+    for i, row in enumerate(rows):
+        check_row(row, i)
+    return datasets.Dataset.from_list(rows)
+
+
+def _check_messages(messages: Any, where: str) -> None:
+    if not isinstance(messages, (list, tuple)):
+        raise ValueError(f"{where} must be a list of {{role, content}} messages, got {type(messages).__name__}")
+    for j, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError(f"{where}[{j}] must be a dict with string 'role' and 'content', got {m!r}")
+
+
+def check_row(row: dict, index: int = 0) -> None:
+    """Raise ValueError unless `row` has `prompt` and `completion` message lists."""
+    for field in ("prompt", "completion"):
+        if field not in row:
+            raise ValueError(f"row {index} has no {field!r} field (columns: {sorted(row)}); expected the "
+                             "conversational prompt/completion format")
+        _check_messages(row[field], f"row {index} {field}")
+
+
+def conversation(row: dict) -> list[dict]:
+    """A row's whole conversation: prompt + completion messages ({role, content} only)."""
+    return [{"role": m["role"], "content": m["content"]} for m in list(row["prompt"]) + list(row["completion"])]
+
+
+def save_sft_dataset(dataset, path: str | Path) -> None:
+    """Save a dataset (or a list of rows) with `datasets`' save_to_disk."""
+    if not hasattr(dataset, "save_to_disk"):
+        dataset = rows_to_dataset(dataset)
+    dataset.save_to_disk(str(path))
+
+
+def export_jsonl(dataset, path: str | Path) -> None:
+    """Write a dataset (or a list of rows) as JSON Lines, one game a line."""
+    if hasattr(dataset, "to_list"):
+        dataset = dataset.to_list()
+    with open(path, "w", encoding="utf-8") as f:
+        for row in dataset:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def _is_tfds_dir(folder: Path) -> bool:
+    return (folder / "features.json").is_file() and (folder / "dataset_info.json").is_file()
+
+
+def _find_tfds_dir(folder: Path) -> Path | None:
+    if _is_tfds_dir(folder):
+        return folder
+    found = sorted(p.parent for p in folder.glob("*/*/features.json") if _is_tfds_dir(p.parent))
+    return found[0] if len(found) == 1 else None
+
+
+def load_sft_dataset(path: str | Path, split: str = "train"):
+    """Load prompt/completion rows as a `datasets.Dataset` from any supported layout (see the module docstring).
+
+    path: a save_to_disk folder, a .jsonl/.json/.parquet file, a folder of Parquet/JSON files (a Hub snapshot),
+    or a TFDS folder from `export_tfds`. `split` picks the split of a DatasetDict / TFDS dataset."""
+    import datasets
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no dataset at {path}")
+    if path.is_file():
+        ds = _load_files([path])
+    elif (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
+        ds = datasets.load_from_disk(str(path))
+        if isinstance(ds, datasets.DatasetDict):
+            if split not in ds:
+                raise ValueError(f"{path} has splits {sorted(ds)}, not {split!r}")
+            ds = ds[split]
+    elif (tfds_dir := _find_tfds_dir(path)) is not None:
+        ds = rows_to_dataset(load_tfds(tfds_dir, split))
+    else:
+        files = sorted(p for p in path.rglob("*") if p.suffix in (".parquet", ".jsonl", ".json")
+                       and p.name not in ("dataset_info.json", "state.json", "dataset_dict.json", "features.json"))
+        with_split = [p for p in files if p.name.startswith(split) or p.parent.name == split]
+        files = with_split or files
+        if not files:
+            raise ValueError(f"{path}: no save_to_disk dataset, TFDS folder, or Parquet/JSON files found")
+        ds = _load_files(files)
+    for field in ("prompt", "completion"):
+        if field not in ds.column_names:
+            raise ValueError(f"{path}: no {field!r} column (columns: {ds.column_names}); expected the "
+                             "conversational prompt/completion format of anakin87/tictactoe-filtered")
+    if len(ds):
+        check_row(ds[0], 0)
+    return ds
+
+
+def _load_files(files: list[Path]):
+    import datasets
+
+    kinds = {p.suffix for p in files}
+    if kinds == {".parquet"}:
+        return datasets.Dataset.from_parquet([str(p) for p in files])
+    if kinds <= {".jsonl", ".json"}:
+        # Parsed with Python's json: exact floats (Arrow's JSON reader rounds some doubles in the last digits).
+        rows = []
+        for p in files:
+            content = p.read_text(encoding="utf-8")
+            if content.lstrip().startswith("["):
+                rows.extend(json.loads(content))
+            else:
+                rows.extend(json.loads(line) for line in content.splitlines() if line.strip())
+        return rows_to_dataset(rows)
+    raise ValueError(f"cannot load a mix of file types {sorted(kinds)}: {files}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Optional TFDS export (array_record, no TensorFlow)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _require_tfds():
+    try:
+        import array_record  # noqa: F401
+        import tensorflow_datasets as tfds
+    except ImportError as e:
+        raise ImportError(f"the TFDS export needs the optional 'tfds' extra: {TFDS_EXTRA_HINT} ({e})") from e
+    return tfds
+
+
+TFDS_NAME = "sft_conversations"  # the builder's dataset name (folder under data_dir)
+
+
+@functools.lru_cache(maxsize=1)
+def _builder_class():
+    tfds = _require_tfds()
+    from etils import epath
+
+    class SftConversations(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+        """SFT conversations: one example an episode, messages as sequences of {role, content}."""
+
+        VERSION = tfds.core.Version("1.0.0")
+        RELEASE_NOTES = {"1.0.0": "Conversations in the prompt/completion format."}
+        # TFDS derives this from the defining package and, for a package installed as a plain folder, then needs
+        # the `importlib_resources` backport (not always installed with tensorflow-datasets 4.9): set it directly.
+        code_path = epath.Path(__file__)
+
+        def __init__(self, rows: Sequence[dict] = (), split: str = "train", **kwargs):
+            self._rows = list(rows)
+            self._split = split
+            super().__init__(**kwargs)
+
+        def _info(self):
+            message = tfds.features.Sequence({"role": tfds.features.Text(), "content": tfds.features.Text()})
+            features = tfds.features.FeaturesDict({
+                "index": tfds.features.Scalar(dtype=np.int64),
+                "prompt": message,
+                "completion": message,
+                "info": tfds.features.Text(),  # JSON
+            })
+            return tfds.core.DatasetInfo(builder=self, features=features, description=__doc__)
+
+        def _split_generators(self, dl_manager):
+            del dl_manager
+            return {self._split: self._generate_examples()}
+
+        def _generate_examples(self):
+            for i, row in enumerate(self._rows):
+                yield i, {
+                    "index": i,
+                    "prompt": _columns(row["prompt"]),
+                    "completion": _columns(row["completion"]),
+                    "info": json.dumps(row.get("info", {}), ensure_ascii=False),
+                }
+
+    return SftConversations
+
+
+def _columns(messages: Sequence[dict]) -> dict:
+    return {"role": [m["role"] for m in messages], "content": [m["content"] for m in messages]}
+
+
+def export_tfds(rows: Iterable[dict], data_dir: str | Path, *, split: str = "train", overwrite: bool = False) -> Path:
+    """Write rows (a list or a `datasets.Dataset`) as a TFDS dataset of array_record files, without TensorFlow.
+
+    Returns the dataset's folder `data_dir/tic_tac_toe_sft/1.0.0` (readable with `load_tfds`,
+    `tfds.builder_from_directory` or `load_sft_dataset`). ImportError naming the `tfds` extra if it is missing;
+    FileExistsError if the folder exists and not overwrite."""
+    tfds = _require_tfds()
+    rows = list(rows)
+    for i, row in enumerate(rows):
+        check_row(row, i)
+    target = Path(data_dir) / TFDS_NAME / "1.0.0"
+    if target.exists():
+        if not overwrite:
+            raise FileExistsError(f"{target} exists; pass overwrite=True to replace it")
+        shutil.rmtree(target)
+    builder = _builder_class()(rows, split, data_dir=str(data_dir), file_format="array_record")
+    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(try_download_gcs=False))
+    return Path(builder.data_dir)
+
+
+def load_tfds(path: str | Path, split: str = "train") -> list[dict]:
+    """Read a TFDS folder written by `export_tfds` back into rows {prompt, completion, info}, in order."""
+    tfds = _require_tfds()
+    source = tfds.builder_from_directory(str(path)).as_data_source()[split]
+    records = sorted((source[i] for i in range(len(source))), key=lambda r: int(r["index"]))
+
+    def messages(cols):
+        return [{"role": _str(r), "content": _str(c)} for r, c in zip(cols["role"], cols["content"])]
+
+    return [{"prompt": messages(r["prompt"]), "completion": messages(r["completion"]),
+             "info": json.loads(_str(r["info"]))} for r in records]
+
+
+def _str(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)

@@ -1,0 +1,456 @@
+"""Multi-turn rollouts: a language model plays whole episodes of any env as text, inside one `jit`.
+
+One turn, for every game of the batch at once (`_turn`, in four named parts):
+  1. `_append_message`: render the env's message for each game's state as tokens (the env's slot codes
+     through `text.render_turn`) and append it to the conversation buffer and, through one chunked
+     prefill at each game's own offset, to the model cache;
+  2. `_generate_reply`: decode the reply with the policy (the sampler, continuing that cache);
+  3. `_parse_reply`: the reply's tokens as bytes, read by the env's grammar (`text.parse_reply`);
+  4. `_env_step`: `env.step` with the parsed reply (the scripted opponent answers inside it).
+Games that are over stop generating; the loop ends when every game is done or after `max_turns`
+replies. A game that would not fit its next message and a full reply into the context is cut there
+(`context_cut`). A finished game's last message (`You win!`, ...) is appended too when the env has one,
+so the buffer is the whole conversation, exactly as the tokenizer's chat template writes it.
+
+Invariant: for every game, the cache holds exactly the buffer's tokens `tokens[b, :length[b]]`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from envs.core import Env, Episode, ParsedReply
+from jaxrl_llm import text
+from jaxrl_llm.checks import check_int
+from jaxrl_llm.generate import sampler as sampling
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """Limits of a rollout (static under jit; the `[rollout]` table, per stage in `[grpo.rollout]`).
+
+    context_length: positions of the conversation buffer and of the model cache per game.
+    max_turns: the most replies the model makes in a game (1: a single-turn task); a game still going
+        then ends unfinished.
+    cache_stages: the model cache grows with the conversation in this many steps. The turns are split
+        into `cache_stages` runs; during a run the cache holds only the positions its last turn can
+        reach at most (prefix + turns x (longest message + 1 + max_new_tokens), capped at
+        context_length), so attention reads a cache sized to the conversation so far instead of the
+        whole context. Each stage compiles its own copy of the turn loop; 1 keeps one full-size cache.
+        The games, tokens and log-probs do not depend on it.
+    """
+
+    context_length: int = 1024
+    max_turns: int = 8
+    cache_stages: int = 1
+
+    def __post_init__(self):
+        check_int(self, "context_length", 16)
+        check_int(self, "max_turns", 1)
+        check_int(self, "cache_stages", 1)
+
+
+class Trajectory(NamedTuple):
+    """A batch of B finished episodes (L = context_length, T = max_turns); what every env shares.
+
+    tokens: int32[B, L] the conversation (prefix, messages, replies), pad_id after `length`.
+    length: int32[B] tokens used.
+    loss_mask: float32[B, L] 1 exactly on the model's sampled tokens (end-of-turn token included).
+    logprobs: float32[B, L] the sampler's log-prob of each sampled token (0 elsewhere).
+    reply_lengths: int32[B, T] tokens of each reply (0 for turns not played).
+    reply_format: bool[B, T] each reply matched the grammar's format pattern.
+    reply_truncated: bool[B, T] the reply hit max_new_tokens without an end-of-turn token.
+    reply_kind: int8[B, T] -1 turn not played, 0 no answer tag, 1 a tag with invalid content, 2 valid.
+    reply_value: int32[B, T] the parsed value of each valid reply (0 otherwise).
+    turns: int32[B] replies the model made.
+    context_cut: bool[B] the game was cut by the context limit.
+    truncated: bool[B] the rollout stopped the game before the env ended it (turn limit or context).
+    reward: float32[B] the rubric's weighted sum.
+    reward_parts: {name: float32[B]} the rubric's parts, unweighted (env.rubric gives the weights).
+    metrics: {name: float32[B]} the env's per-game metrics.
+    examples: the env's examples (pytree, leading axis B).
+    final_state: the env's states at the end (pytree, leading axis B).
+    """
+
+    tokens: jax.Array
+    length: jax.Array
+    loss_mask: jax.Array
+    logprobs: jax.Array
+    reply_lengths: jax.Array
+    reply_format: jax.Array
+    reply_truncated: jax.Array
+    reply_kind: jax.Array
+    reply_value: jax.Array
+    turns: jax.Array
+    context_cut: jax.Array
+    truncated: jax.Array
+    reward: jax.Array
+    reward_parts: dict
+    metrics: dict
+    examples: Any
+    final_state: Any
+
+
+class Reply(NamedTuple):
+    """One turn's replies for the batch (N = max new tokens): what a policy returns."""
+
+    tokens: jax.Array  # int32[B, N]
+    lengths: jax.Array  # int32[B]
+    ended: jax.Array  # bool[B] the reply ends with the end-of-turn token
+    logprobs: jax.Array  # float32[B, N]
+    cache: Any
+
+
+# A policy turns (turn index, next-token logits [B, V] or None, cache, key, active[B]) into a Reply.
+Policy = Callable[[jax.Array, Any, Any, jax.Array, jax.Array], Reply]
+
+
+def model_policy(model_fn: sampling.ModelFn, params, config: sampling.SamplingConfig) -> Policy:
+    """The language model as a policy: each reply sampled with `sampling.decode` from the cache."""
+
+    def policy(turn, next_logits, cache, key, active):
+        out = sampling.decode(model_fn, config, params, next_logits, cache, key, active)
+        return Reply(out.tokens, out.lengths, out.done, out.logprobs, out.cache)
+
+    return policy
+
+
+def scripted_policy(reply_tokens: jax.Array, reply_lengths: jax.Array, eos_id: int) -> Policy:
+    """Replies given in advance: reply_tokens int32[B, T, N], reply_lengths int32[B, T] (turn t's reply).
+
+    For tests and demos without a model (the rollout then runs with `model_fn=None` and no cache).
+    Build the arrays from text with `records.script_replies`.
+    """
+    reply_tokens = jnp.asarray(reply_tokens, jnp.int32)
+    reply_lengths = jnp.asarray(reply_lengths, jnp.int32)
+
+    def policy(turn, next_logits, cache, key, active):
+        tokens = reply_tokens[:, turn]
+        lengths = jnp.where(active, reply_lengths[:, turn], 0)
+        last = jnp.take_along_axis(tokens, jnp.clip(lengths - 1, 0)[:, None], axis=1)[:, 0]
+        ended = active & (lengths > 0) & (last == eos_id)
+        return Reply(tokens, lengths, ended, jnp.zeros(tokens.shape, jnp.float32), cache)
+
+    return policy
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The loop's carry
+# ----------------------------------------------------------------------------------------------------------
+
+
+class Buffer(NamedTuple):
+    """The conversation of every game: tokens int32[B, L], loss_mask / logprobs float32[B, L], cursor int32[B]."""
+
+    tokens: jax.Array
+    loss_mask: jax.Array
+    logprobs: jax.Array
+    cursor: jax.Array
+
+
+class Flags(NamedTuple):
+    """Per-game bools[B]: the last reply was cut without its end-of-turn token, the final message of a
+    finished game is in the buffer, the game was cut by the context limit."""
+
+    needs_end: jax.Array
+    final_sent: jax.Array
+    context_cut: jax.Array
+
+
+class TurnLog(NamedTuple):
+    """Per-game, per-turn facts [B, T]: reply lengths, format flags, truncation, parse kind and value."""
+
+    lengths: jax.Array
+    format: jax.Array
+    truncated: jax.Array
+    kind: jax.Array
+    value: jax.Array
+
+
+class Carry(NamedTuple):
+    """The state of the turn loop."""
+
+    turn: jax.Array  # int32[]: turns played so far
+    key: jax.Array
+    state: Any  # the env's states [B]
+    cache: Any  # the model cache (None for a scripted policy)
+    buffer: Buffer
+    flags: Flags
+    log: TurnLog
+
+
+def _write(buffer: jax.Array, start: jax.Array, values: jax.Array, lengths: jax.Array, fill) -> jax.Array:
+    """Row-wise write of values[b, :lengths[b]] at buffer[b, start[b]:]: [B, L], [B], [B, W], [B] -> [B, L].
+
+    Positions past each row's length get `fill`; writes past L are dropped.
+    """
+    width = values.shape[1]
+    cols = jnp.arange(width, dtype=jnp.int32)
+    values = jnp.where(cols[None, :] < lengths[:, None], values, jnp.asarray(fill, values.dtype))
+    rows = jnp.arange(buffer.shape[0], dtype=jnp.int32)[:, None]
+    return buffer.at[rows, start[:, None] + cols[None, :]].set(values, mode="drop")
+
+
+def _extend(buffer: Buffer, tokens: jax.Array, lengths: jax.Array, pad_id: int, sampled: bool,
+            logprobs: jax.Array | None = None) -> Buffer:
+    """Appends tokens[b, :lengths[b]] to every game's conversation (loss mask 1 iff `sampled`)."""
+    shape = tokens.shape
+    mask = jnp.ones(shape, jnp.float32) if sampled else jnp.zeros(shape, jnp.float32)
+    logprobs = jnp.zeros(shape, jnp.float32) if logprobs is None else logprobs
+    return Buffer(
+        tokens=_write(buffer.tokens, buffer.cursor, tokens, lengths, pad_id),
+        loss_mask=_write(buffer.loss_mask, buffer.cursor, mask, lengths, 0.0),
+        logprobs=_write(buffer.logprobs, buffer.cursor, logprobs, lengths, 0.0),
+        cursor=buffer.cursor + lengths,
+    )
+
+
+def cache_stage_plan(config: RolloutConfig, max_new_tokens: int, prefix_len: int, max_chunk: int
+                     ) -> list[tuple[int, int]]:
+    """Static (end turn, cache positions) of each cache stage, in order; the last holds context_length.
+
+    A turn appends at most one chunk (`max_chunk` = longest message + 1) and one reply, so after turn t
+    (counted from 1) a conversation holds at most prefix_len + t * (max_chunk + max_new_tokens) tokens.
+    Stages that would not shrink the cache are merged into the next.
+    """
+    turns = config.max_turns
+    per_turn = max_chunk + max_new_tokens
+    n = min(config.cache_stages, turns)
+    plan: list[tuple[int, int]] = []
+    for s in range(n):
+        end = -(-(s + 1) * turns // n)
+        positions = config.context_length if s == n - 1 else min(config.context_length, prefix_len + end * per_turn)
+        if plan and plan[-1][1] == positions:
+            plan[-1] = (end, positions)
+        elif not plan or plan[-1][0] < end:
+            plan.append((end, positions))
+    return plan
+
+
+def grow_cache(cache, init_cache: Callable[[int, int], Any], batch: int, max_len: int):
+    """The same cache with room for `max_len` positions: every leaf copied to the front of a new one."""
+    bigger = init_cache(batch, max_len)
+
+    def copy(new, old):
+        if new.shape == old.shape:
+            return old
+        return jax.lax.dynamic_update_slice(new, old.astype(new.dtype), (0,) * new.ndim)
+
+    return jax.tree_util.tree_map(copy, bigger, cache)
+
+
+def _message_chunk(env: Env, tables: text.TextTables, state, first, needs_end, send):
+    """The next chunk per game: [`<|im_end|>` if the reply was cut] + the rendered user turn.
+
+    Returns (tokens int32[B, max_msg + 1], lengths int32[B]); rows with `send = False` get length 0.
+    """
+    codes = jax.vmap(env.message_codes, in_axes=(0, None))(state, env.params)
+    final = jax.vmap(env.done)(state)
+    msg, msg_len = jax.vmap(text.render_turn, in_axes=(None, 0, None, 0))(tables, codes, first, final)
+    width = msg.shape[1] + 1
+    shift = needs_end.astype(jnp.int32)
+    src = jnp.arange(width, dtype=jnp.int32)[None, :] - shift[:, None]
+    chunk = jnp.take_along_axis(msg, jnp.clip(src, 0, msg.shape[1] - 1), axis=1)
+    chunk = jnp.where(src < 0, tables.eos_id, chunk)
+    chunk = jnp.where(src >= msg.shape[1], tables.pad_id, chunk)
+    lengths = jnp.where(send, msg_len + shift, 0)
+    return chunk, lengths
+
+
+def _where_rows(mask: jax.Array, new, old):
+    """Per-row select over two pytrees of arrays with a leading batch axis."""
+    return jax.tree_util.tree_map(lambda n, o: jnp.where(mask.reshape((-1,) + (1,) * (n.ndim - 1)), n, o), new, old)
+
+
+def rollout(
+    env: Env,
+    policy: Policy,
+    model_fn: sampling.ModelFn | None,
+    params,
+    init_cache: Callable[[int, int], Any] | None,
+    tables: text.TextTables,
+    examples: Any,
+    key: jax.Array,
+    config: RolloutConfig,
+    sampling_config: sampling.SamplingConfig,
+    return_cache: bool = False,
+):
+    """Plays B episodes of `env` to the end (traceable; wrap it in `jax.jit`, or use `make_rollout`).
+
+    env: the environment (static; its `params` are used); policy: `model_policy(...)` or
+    `scripted_policy(...)`; model_fn / params: the model's cached call (None for a scripted policy,
+    which then runs without a model); init_cache(batch, max_len): a new cache; tables: the text tables of
+    the tokenizer and the env's messages (`text.tables_for_env`); examples: the env's examples, leading
+    axis B; key: sampling randomness; sampling_config: its max_new_tokens is the per-turn limit.
+    Returns the `Trajectory`, or `(Trajectory, cache)` with `return_cache` (the cache then holds
+    exactly `tokens[b, :length[b]]` for every game).
+    """
+    env_params = env.params
+    grammar = env.reply_grammar(env_params)
+    batch = jax.tree_util.tree_leaves(examples)[0].shape[0]
+    length = config.context_length
+    n_new = sampling_config.max_new_tokens
+    max_turns = config.max_turns
+    state = jax.vmap(env.reset, in_axes=(0, None))(examples, env_params)
+
+    prefix = tables.prefix
+    p0 = prefix.shape[0]
+    if p0 + tables.max_msg + 1 + n_new > length:
+        raise ValueError(
+            f"context_length {length} cannot hold the system prefix ({p0} tokens), one message "
+            f"({tables.max_msg}) and one reply ({n_new}); raise context_length to >= {p0 + tables.max_msg + 1 + n_new}"
+        )
+    stages = cache_stage_plan(config, n_new, p0, tables.max_msg + 1)
+    cache = None
+    if model_fn is not None:
+        # The system prefix is the same for every game: prefill it once, broadcast its cache.
+        one = init_cache(1, stages[0][1])
+        _, one = model_fn(params, prefix[None, :], one, jnp.full((1,), p0, jnp.int32))
+        cache = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (batch,) + x.shape[1:]), one)
+
+    no = jnp.zeros((batch,), bool)
+    carry = Carry(
+        turn=jnp.zeros((), jnp.int32),
+        key=key,
+        state=state,
+        cache=cache,
+        buffer=Buffer(tokens=jnp.full((batch, length), tables.pad_id, jnp.int32).at[:, :p0].set(prefix[None, :]),
+                      loss_mask=jnp.zeros((batch, length), jnp.float32),
+                      logprobs=jnp.zeros((batch, length), jnp.float32),
+                      cursor=jnp.full((batch,), p0, jnp.int32)),
+        flags=Flags(needs_end=no, final_sent=no, context_cut=no),
+        log=TurnLog(lengths=jnp.zeros((batch, max_turns), jnp.int32), format=jnp.zeros((batch, max_turns), bool),
+                    truncated=jnp.zeros((batch, max_turns), bool),
+                    kind=jnp.full((batch, max_turns), -1, jnp.int8),
+                    value=jnp.zeros((batch, max_turns), jnp.int32)),
+    )
+
+    def playing(c: Carry) -> jax.Array:
+        return ~jax.vmap(env.done)(c.state) & ~c.flags.context_cut
+
+    def pending_final(c: Carry) -> jax.Array:
+        if not env.final_message:
+            return jnp.zeros((batch,), bool)
+        return jax.vmap(env.done)(c.state) & ~c.flags.final_sent & ~c.flags.context_cut
+
+    def _append_message(c: Carry, chunk, chunk_len):
+        """Writes the chunk into the buffer and the cache; returns (carry, next-token logits [B, V])."""
+        next_logits, cache = None, c.cache
+        if model_fn is not None:
+            logits, cache = model_fn(params, chunk, c.cache, chunk_len)
+            next_logits = sampling.last_logits(logits, chunk_len)
+        return c._replace(buffer=_extend(c.buffer, chunk, chunk_len, tables.pad_id, sampled=False),
+                          cache=cache), next_logits
+
+    def _generate_reply(c: Carry, next_logits, active):
+        key, sub = jax.random.split(c.key)
+        reply = policy(c.turn, next_logits, c.cache, sub, active)
+        lengths = jnp.where(active, reply.lengths, 0)
+        buffer = _extend(c.buffer, reply.tokens, lengths, tables.pad_id, sampled=True, logprobs=reply.logprobs)
+        return c._replace(key=key, cache=reply.cache, buffer=buffer), reply, lengths
+
+    def _parse_reply(reply: Reply, lengths, ended) -> ParsedReply:
+        # The parser reads the reply without its end-of-turn token.
+        text_len = lengths - ended.astype(jnp.int32)
+        return jax.vmap(text.parse_reply, in_axes=(None, None, 0, 0))(tables, grammar, reply.tokens, text_len)
+
+    def _env_step(c: Carry, parsed: ParsedReply, active):
+        stepped = jax.vmap(env.step, in_axes=(0, 0, None))(c.state, parsed, env_params)
+        return c._replace(state=_where_rows(active, stepped, c.state))
+
+    def _turn(c: Carry) -> Carry:
+        live = playing(c)
+        send = live | pending_final(c)
+        chunk, chunk_len = _message_chunk(env, tables, c.state, c.turn == 0, c.flags.needs_end, send)
+        # A game whose message and a full reply would overflow the context is cut before this turn.
+        fits = c.buffer.cursor + chunk_len + n_new <= length
+        send = send & fits
+        c = c._replace(flags=c.flags._replace(final_sent=c.flags.final_sent | (send & ~live),
+                                              context_cut=c.flags.context_cut | (live & ~fits)))
+        c, next_logits = _append_message(c, chunk, jnp.where(send, chunk_len, 0))
+        active = live & fits
+        c, reply, lengths = _generate_reply(c, next_logits, active)
+        ended = reply.ended & active
+        parsed = _parse_reply(reply, lengths, ended)
+        c = _env_step(c, parsed, active)
+        t = c.turn
+        kind = jnp.where(active, jnp.where(parsed.found, jnp.where(parsed.valid, 2, 1), 0), -1).astype(jnp.int8)
+        log = TurnLog(lengths=c.log.lengths.at[:, t].set(lengths),
+                      format=c.log.format.at[:, t].set(active & parsed.format_ok),
+                      truncated=c.log.truncated.at[:, t].set(active & ~ended),
+                      kind=c.log.kind.at[:, t].set(kind),
+                      value=c.log.value.at[:, t].set(jnp.where(active & parsed.valid, parsed.value, 0)))
+        return c._replace(turn=t + 1, flags=c.flags._replace(needs_end=jnp.where(active, ~ended, c.flags.needs_end)),
+                          log=log)
+
+    def cond(c: Carry):
+        return (c.turn < max_turns) & jnp.any(playing(c))
+
+    for i, (end_turn, _) in enumerate(stages):
+        if i > 0 and model_fn is not None:
+            carry = carry._replace(cache=grow_cache(carry.cache, init_cache, batch, stages[i][1]))
+        carry = jax.lax.while_loop(lambda c, end=end_turn: cond(c) & (c.turn < end), _turn, carry)
+    # The last message of games that finished on the last turn played.
+    send = pending_final(carry)
+    chunk, chunk_len = _message_chunk(env, tables, carry.state, carry.turn == 0, carry.flags.needs_end, send)
+    send = send & (carry.buffer.cursor + chunk_len <= length)
+    carry = carry._replace(flags=carry.flags._replace(final_sent=carry.flags.final_sent | send))
+    carry, _ = _append_message(carry, chunk, jnp.where(send, chunk_len, 0))
+    return _finish(env, tables, carry, examples, return_cache)
+
+
+def _finish(env: Env, tables: text.TextTables, carry: Carry, examples, return_cache: bool):
+    """The Trajectory of a finished loop: buffers cut at the cursor, the episode facts, rubric and metrics."""
+    buffer, log, state = carry.buffer, carry.log, carry.state
+    length = buffer.tokens.shape[1]
+    inside = jnp.arange(length, dtype=jnp.int32)[None, :] < buffer.cursor[:, None]
+    turns = (log.kind >= 0).sum(axis=1).astype(jnp.int32)
+    format_score = (log.format.sum(axis=1) / jnp.maximum(turns, 1)).astype(jnp.float32)
+    truncated = ~jax.vmap(env.done)(state)
+    episode = Episode(format_score=format_score, turns=turns, truncated=truncated,
+                      context_cut=carry.flags.context_cut)
+    parts = jax.vmap(env.reward_parts, in_axes=(0, 0, None))(state, episode, env.params)
+    reward = jax.vmap(env.reward, in_axes=(0, 0, None))(state, episode, env.params)
+    metrics = jax.vmap(env.metrics, in_axes=(0, 0, None))(state, episode, env.params)
+    trajectory = Trajectory(
+        tokens=jnp.where(inside, buffer.tokens, tables.pad_id),
+        length=buffer.cursor,
+        loss_mask=jnp.where(inside, buffer.loss_mask, 0.0),
+        logprobs=jnp.where(inside, buffer.logprobs, 0.0),
+        reply_lengths=log.lengths,
+        reply_format=log.format,
+        reply_truncated=log.truncated,
+        reply_kind=log.kind,
+        reply_value=log.value,
+        turns=turns,
+        context_cut=carry.flags.context_cut,
+        truncated=truncated,
+        reward=reward,
+        reward_parts=parts,
+        metrics=metrics,
+        examples=examples,
+        final_state=state,
+    )
+    return (trajectory, carry.cache) if return_cache else trajectory
+
+
+def make_rollout(env: Env, model_fn, init_cache, tables: text.TextTables, config: RolloutConfig,
+                 sampling_config: sampling.SamplingConfig, return_cache: bool = False):
+    """A jitted `run(params, examples, key) -> Trajectory` of `env` for a model policy.
+
+    model_fn: the model's cached call (`generate.lfm2_model_fn(module)`); init_cache(batch, max_len): a new
+    cache (`lambda b, n: models.lfm2.init_cache(config, b, n)`). The sampling config's stop tokens gain the
+    tokenizer's end of turn and its pad id the tables' pad id.
+    """
+    sconf = sampling_config.with_tokenizer((tables.eos_id,), tables.pad_id)
+
+    @jax.jit
+    def run(params, examples, key):
+        policy = model_policy(model_fn, params, sconf)
+        return rollout(env, policy, model_fn, params, init_cache, tables, examples, key, config, sconf, return_cache)
+
+    return run

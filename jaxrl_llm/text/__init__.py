@@ -1,0 +1,12 @@
+"""The text bridge: tokenizer, chat-template pieces, the env's messages as token tables, reply parsing.
+
+    tables = text.tables_for_env(tokenizer, env)            # host, once: verified against the chat template
+    tokens, n = text.render_turn(tables, codes, first, final)   # device: one user turn from slot codes
+    reply = text.parse_reply(tables, grammar, tokens, length)   # device: ParsedReply with Python-re semantics
+"""
+
+from jaxrl_llm.text.chat import chat_pieces, token_bytes  # noqa: F401
+from jaxrl_llm.text.grammar import parse_bytes, parse_reply, reply_bytes  # noqa: F401
+from jaxrl_llm.text.tables import TextTables, build_text_tables, gather_pieces, render_turn, tables_for_env  # noqa: F401
+from jaxrl_llm.text.tokenizer import CHAT_TEMPLATE, check_tokenizer, load_tokenizer  # noqa: F401
+

@@ -1,0 +1,19 @@
+"""The training loop: components from a config, SFT warm-up, resumable GRPO stages, evaluation.
+
+Reading order: `components.build` (env, tokenizer, text tables, model), `grpo_loop.make_grpo_step` (ONE
+jitted program: the env's examples -> rollout -> group advantages -> optimizer passes -> metrics),
+`grpo_loop.train_grpo` (stages and steps: checkpoints, metrics, samples), `sft_loop.run_sft`,
+`evaluate.evaluate`; `keys` names the random streams.
+"""
+
+from jaxrl_llm.train.components import (  # noqa: F401
+    ENV_FILE, Components, build, env_record, fresh_params, init_key, initial_policy, make_mesh, policy_params,
+    sft_dir, shard_params,
+)
+from jaxrl_llm.train.evaluate import evaluate, exactness_check, summarize  # noqa: F401
+from jaxrl_llm.train.grpo_loop import (  # noqa: F401
+    games_played, global_stage, make_grpo_step, progress_keys, rollout_metrics, time_stage_rollout, train_grpo,
+    write_samples,
+)
+from jaxrl_llm.train.keys import stream  # noqa: F401
+from jaxrl_llm.train.sft_loop import run_sft, sft_rows  # noqa: F401

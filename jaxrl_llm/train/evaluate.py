@@ -1,0 +1,89 @@
+"""Evaluation: greedy games in each of the env's evaluation settings, summarised by the env's own metrics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from jaxrl_llm.rollout import Trajectory, game_record, make_rollout
+from jaxrl_llm.train.components import Components
+from jaxrl_llm.train.keys import stream
+
+GENERIC_SUMMARY = ("games", "format", "reward", "turns")  # what every summary holds besides the env's metrics
+
+
+def summarize(traj: Trajectory) -> dict[str, float]:
+    """Means of the env's per-game metrics, the format rate (of replies), the mean reward and turns (host)."""
+    traj = jax.device_get(traj)
+    clash = set(traj.metrics) & set(GENERIC_SUMMARY)
+    if clash:
+        raise ValueError(f"env metric names {sorted(clash)} are reserved for the generic summary; rename them")
+    replies = max(int(np.sum(traj.turns)), 1)
+    return {
+        "games": int(traj.tokens.shape[0]),
+        **{name: float(np.mean(np.asarray(v, np.float64))) for name, v in traj.metrics.items()},
+        "format": float(np.sum(traj.reply_format) / replies),
+        "reward": float(np.mean(traj.reward)),
+        "turns": float(np.mean(np.asarray(traj.turns, np.float64))),
+    }
+
+
+def eval_rollout(comp: Components):
+    """The jitted evaluation rollout (eval's rollout and sampling), compiled once per Components."""
+    if "eval_rollout" not in comp.compiled:
+        ev = comp.config.eval
+        comp.compiled["eval_rollout"] = make_rollout(comp.env, comp.model_fn, comp.init_cache, comp.tables,
+                                                     ev.rollout, comp.sampling_config(ev.sampling))
+    return comp.compiled["eval_rollout"]
+
+
+def evaluate(comp: Components, params, settings: Sequence[str] | None = None, num_games: int | None = None,
+             key=None, games_path: str | Path | None = None) -> dict[str, dict[str, float]]:
+    """Plays `num_games` games in each evaluation setting (names; default: eval.settings, or all the env's)
+    -> {setting: summary}; writes every game to `games_path` (JSONL) if given."""
+    config = comp.config
+    available = {s.name: s for s in comp.env.eval_settings()}
+    chosen = config.eval_settings() if settings is None else []
+    for name in settings or ():
+        if name not in available:
+            raise ValueError(f"env {comp.env.name!r} has no evaluation setting {name!r}; it has {sorted(available)}")
+        chosen.append(available[name])
+    num_games = num_games or config.eval.num_games
+    key = stream(config.run.seed, "eval") if key is None else key
+    run = eval_rollout(comp)
+    results, records = {}, []
+    for i, setting in enumerate(chosen):
+        k_examples, k_play = jax.random.split(jax.random.fold_in(key, i))
+        examples = comp.env.eval_examples(k_examples, num_games, setting.stage)
+        traj = jax.device_get(run(params, examples, k_play))
+        results[setting.name] = summarize(traj)
+        if games_path is not None:
+            records.append((setting.name, traj))
+    if games_path is not None:
+        path = Path(games_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", encoding="utf-8") as f:
+            for name, traj in records:
+                for b in range(traj.tokens.shape[0]):
+                    f.write(json.dumps({"setting": name, **game_record(comp.env, comp.tokenizer, traj, b)}) + "\n")
+    return results
+
+
+def exactness_check(comp: Components, params) -> dict[str, Any] | None:
+    """`sft.teacher_forced_check` on the env's check rows for the config's teacher (for Tic-Tac-Toe's best
+    teacher, every game it can meet: exact = 1.0 means greedy play equals the teacher's against any
+    opponent), or None when the env has none."""
+    from jaxrl_llm.algos import sft
+
+    teacher = comp.config.sft.teacher
+    if not comp.env.has_check_rows(teacher):
+        return None
+    rows = comp.env.check_rows(teacher, comp.env.params)
+    data = sft.tokenize_sft(comp.tokenizer, rows, 8192)
+    longest = int(data["lengths"].max())
+    data = {k: v[:, :longest] if v.ndim == 2 else v for k, v in data.items()}
+    return sft.teacher_forced_check(comp.module, params, data)

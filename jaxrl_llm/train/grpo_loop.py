@@ -1,0 +1,226 @@
+"""GRPO: one jitted step (examples -> rollout -> group advantages -> optimizer passes) and the resumable loop.
+
+Resume: every checkpoint holds params, optimizer state, the global step and the run's base key; the
+key of step s is `keys.stream(seed, "grpo", s)` and the examples of step s come from it, so a run killed at
+any point and started again with the same command continues from its last checkpoint and produces
+the same metrics, bit for bit on the CPU, as a run that was never interrupted.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_llm.algos.grpo import grpo_update_step
+from jaxrl_llm.algos.optim import learning_rate_schedule, make_optimizer
+from jaxrl_llm.checkpoint import Checkpointer
+from jaxrl_llm.config import ExperimentConfig
+from jaxrl_llm.metrics import MetricsWriter, Progress
+from jaxrl_llm.rollout import Trajectory, games_text, make_rollout, model_policy, rollout, write_games_jsonl
+from jaxrl_llm.train.components import (Components, build, fresh_params, init_key, initial_policy, make_mesh,
+                                        shard_params)
+from jaxrl_llm.train.evaluate import GENERIC_SUMMARY, evaluate
+from jaxrl_llm.train.keys import stream
+
+
+def rollout_metrics(traj: Trajectory) -> dict[str, jax.Array]:
+    """Per-batch figures (device scalars): the env's metrics as `<name>_rate`, the reward parts as
+    `<name>_reward` (unweighted), format / truncation / context-cut rates, reply lengths, tokens."""
+    clash = set(traj.metrics) & set(GENERIC_SUMMARY)
+    if clash:
+        raise ValueError(f"env metric names {sorted(clash)} are reserved for the generic summary; rename them")
+    replies = jnp.maximum(traj.turns.sum(), 1)
+    out = {f"{name}_rate": jnp.mean(v) for name, v in traj.metrics.items()}
+    out.update({f"{name}_reward": jnp.mean(v) for name, v in traj.reward_parts.items()})
+    out.update(
+        format_rate=traj.reply_format.sum() / replies,
+        reply_length=traj.reply_lengths.sum() / replies,
+        truncation_rate=traj.reply_truncated.sum() / replies,
+        context_cut_rate=jnp.mean(traj.context_cut),
+        stopped_rate=jnp.mean(traj.truncated),
+        turns=jnp.mean(traj.turns),
+        sampled_tokens=traj.loss_mask.sum(),
+        total_tokens=traj.length.sum(),
+    )
+    return {k: v.astype(jnp.float32) for k, v in out.items()}
+
+
+def make_grpo_step(comp: Components, stage: int, mesh=None):
+    """`step(params, opt_state, ref_params, key) -> (params, opt_state, metrics, trajectory)`, one `jit`.
+
+    Inside: the stage's examples from the env's curriculum (`num_prompts` x `group_size` games), the
+    rollout, group advantages and `passes` x `num_minibatches` optimizer steps. params and opt_state are
+    donated. With a mesh, the games are sharded over all its devices (the batch over data x fsdp) and the
+    params as they are placed (`shard_params`); XLA inserts the collectives.
+    """
+    s = comp.config.grpo[stage]
+    gcfg = s.grpo_config()
+    optimizer = make_optimizer(s.optim_config())
+    sconf = comp.sampling_config(s.sampling)
+    env, model_fn = comp.env, comp.model_fn
+
+    def step(params, opt_state, ref_params, key):
+        k_examples, k_rollout, k_update = jax.random.split(key, 3)
+        examples = env.sample_examples(k_examples, s.num_prompts, s.group_size, s.curriculum)
+        if mesh is not None:
+            from jax.sharding import NamedSharding, PartitionSpec
+
+            rows = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+            examples = jax.tree_util.tree_map(lambda x: jax.lax.with_sharding_constraint(x, rows), examples)
+        policy = model_policy(model_fn, params, sconf)
+        traj = rollout(env, policy, model_fn, params, comp.init_cache, comp.tables, examples, k_rollout, s.rollout,
+                       sconf)
+        params, opt_state, metrics = grpo_update_step(
+            comp.module, optimizer, gcfg, params, opt_state, ref_params,
+            traj.tokens, traj.loss_mask, traj.logprobs, traj.reward, k_update,
+        )
+        metrics.update(rollout_metrics(traj))
+        metrics.update({k: jnp.asarray(v, jnp.float32) for k, v in env.example_metrics(examples).items()})
+        return params, opt_state, metrics, traj
+
+    return jax.jit(step, donate_argnums=(0, 1)), optimizer
+
+
+def time_stage_rollout(comp: Components, stage: int, params, key: jax.Array, repeats: int = 2) -> float:
+    """Seconds for the rollout alone of one step of GRPO stage `stage` (its batch, its settings; compiled
+    first, best of `repeats`): with the stage's step_time it splits a GRPO step into rollout and update."""
+    s = comp.config.grpo[stage]
+    run = make_rollout(comp.env, comp.model_fn, comp.init_cache, comp.tables, s.rollout,
+                       comp.sampling_config(s.sampling))
+    examples = comp.env.sample_examples(key, s.num_prompts, s.group_size, s.curriculum)
+    jax.block_until_ready(run(params, examples, key))
+    best = float("inf")
+    for i in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(run(params, examples, jax.random.fold_in(key, i)))
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def games_played(config: ExperimentConfig, global_step: int) -> int:
+    """Games played by the first `global_step` GRPO steps (the data position)."""
+    played, left = 0, global_step
+    for s in config.grpo:
+        n = min(left, s.steps)
+        played, left = played + n * s.batch_size, left - n
+    return played
+
+
+def write_samples(stem: Path, comp: Components, traj: Trajectory, count: int) -> None:
+    """The first `count` games of a batch as JSONL (`stem.jsonl`) and as readable text (`stem.txt`)."""
+    write_games_jsonl(stem.with_suffix(".jsonl"), comp.env, comp.tokenizer, traj, range(count))
+    stem.with_suffix(".txt").write_text(games_text(comp.env, comp.tokenizer, traj, count), encoding="utf-8")
+
+
+def global_stage(config: ExperimentConfig, global_step: int) -> tuple[int, int]:
+    """(stage index, steps done inside it) for a global step count; past the end: (len, 0)."""
+    start = 0
+    for i, s in enumerate(config.grpo):
+        if global_step < start + s.steps:
+            return i, global_step - start
+        start += s.steps
+    return len(config.grpo), 0
+
+
+def progress_keys(comp: Components) -> tuple[str, ...]:
+    """The figures the progress bar shows: reward, the env's table metrics, format rate, games/s."""
+    metrics = [f"{m}_rate" for _, m in comp.env.results_columns if m != "format"]
+    return ("reward_mean", *metrics, "format_rate", "games_per_s")
+
+
+def train_grpo(config: ExperimentConfig, comp: Components | None = None, stop_after: int | None = None,
+               log=print) -> dict[str, Any]:
+    """Runs (or resumes) every GRPO stage of `config`; returns {"params", "step", "metrics_path"}.
+
+    Checkpoints go to `config.checkpoint_dir()` every `checkpoint.every_steps` steps and at the end of each
+    stage; metrics to `<run.output_dir>/metrics.jsonl`, one JSON object per step; every
+    `run.sample_every` steps a few games to `<run.output_dir>/samples/step_<n>.jsonl`.
+    stop_after: end after this many global steps (tests, time budgets); a later call resumes.
+    """
+    comp = comp or build(config)
+    out = Path(config.run.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    total = sum(s.steps for s in config.grpo)
+    base_key = jax.random.PRNGKey(config.run.seed)
+    ckpt = Checkpointer(config.checkpoint_dir(), keep=config.checkpoint.keep, async_save=config.checkpoint.async_save)
+    try:
+        latest = ckpt.latest_step() if config.checkpoint.resume else None
+        params_target = jax.eval_shape(lambda: fresh_params(comp, init_key(config)))
+        step = 0
+        opt_state = None
+        if latest is not None:
+            meta = ckpt.metadata(latest).get("metadata", {})
+            stage_of_ckpt = int(meta.get("stage", 0))
+            _, opt0 = make_grpo_step(comp, stage_of_ckpt)
+            target = {
+                "params": params_target,
+                "opt_state": jax.eval_shape(opt0.init, params_target),
+                "step": jax.ShapeDtypeStruct((), jnp.int32),
+                "rng": jax.eval_shape(lambda: jax.random.key_data(base_key)),
+            }
+            state = ckpt.restore(latest, target=target, expect_config=config)
+            params, opt_state, step = state["params"], state["opt_state"], int(state["step"])
+            if global_stage(config, step)[0] != stage_of_ckpt:
+                opt_state = None  # the checkpoint closed its stage: the next stage starts a fresh optimizer
+            log(f"resumed from {ckpt.directory} at step {step}/{total}")
+        else:
+            params = initial_policy(comp)
+        mesh = make_mesh(config)
+        params = shard_params(comp, params, mesh)
+        ref_params = shard_params(comp, initial_policy(comp), mesh)
+        writer = MetricsWriter(out / "metrics.jsonl", resume_step=step)
+        keys = progress_keys(comp)
+        progress = Progress(total, "grpo", keys=keys)
+        progress.update(advance=step)
+        stop = total if stop_after is None else min(total, stop_after)
+        while step < stop:
+            stage, done_in_stage = global_stage(config, step)
+            s = config.grpo[stage]
+            step_fn, optimizer = make_grpo_step(comp, stage, mesh)
+            if opt_state is None or done_in_stage == 0:
+                opt_state = optimizer.init(params)
+            ref = ref_params if s.loss.beta > 0 else None
+            schedule = learning_rate_schedule(s.optim_config())
+            stage_end = step - done_in_stage + s.steps
+            while step < min(stage_end, stop):
+                t0 = time.perf_counter()
+                params, opt_state, metrics, traj = step_fn(params, opt_state, ref,
+                                                           stream(config.run.seed, "grpo", step))
+                metrics = jax.device_get(metrics)
+                dt = time.perf_counter() - t0
+                local = step - (stage_end - s.steps)
+                record = {k: float(v) for k, v in metrics.items()}
+                record.update(
+                    stage=stage, learning_rate=float(schedule(local)), step_time=dt,
+                    games_per_s=s.batch_size / dt, tokens_per_s=record["total_tokens"] / dt,
+                    sampled_tokens_per_s=record["sampled_tokens"] / dt, temperature=s.sampling.temperature,
+                )
+                step += 1
+                writer.write(step, record)
+                progress.update(**{k: record[k] for k in keys if k in record})
+                if config.run.sample_every and step % config.run.sample_every == 0:
+                    write_samples(out / "samples" / f"step_{step:06d}", comp, traj, min(4, s.batch_size))
+                if config.eval.every_steps and step % config.eval.every_steps == 0:
+                    results = evaluate(comp, params)
+                    with MetricsWriter(out / "eval_metrics.jsonl", resume_step=step - 1) as evals:
+                        evals.write(step, {f"{name}_{k}": v for name, r in results.items() for k, v in r.items()})
+                every = config.checkpoint.every_steps
+                if (every and step % every == 0) or step == stage_end or step == stop:
+                    # The RNG state: step s draws everything from stream(seed, "grpo", s), so (base key, step)
+                    # is the whole of it; the data position is the number of games played so far.
+                    ckpt.save(step, {"params": params, "opt_state": opt_state, "step": jnp.int32(step),
+                                     "rng": jax.random.key_data(base_key)}, config=config,
+                              metadata={"stage": stage, "stage_step": step - (stage_end - s.steps),
+                                        "games_played": games_played(config, step)})
+            if step == stage_end:
+                opt_state = None
+        progress.close()
+        writer.close()
+        ckpt.wait()
+        return {"params": params, "step": step, "metrics_path": str(out / "metrics.jsonl")}
+    finally:
+        ckpt.close()

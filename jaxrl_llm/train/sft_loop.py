@@ -1,0 +1,78 @@
+"""SFT warm-up: the env's teacher rows (or a data set on disk) -> `algos.sft.train_sft` -> <output_dir>/sft."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from jaxrl_llm.checkpoint import Checkpointer
+from jaxrl_llm.config import ExperimentConfig
+from jaxrl_llm.metrics import MetricsWriter, Progress
+from jaxrl_llm.train.components import Components, build, fresh_params, init_key, initial_policy, sft_dir
+from jaxrl_llm.train.keys import stream
+
+
+def sft_rows(config: ExperimentConfig, comp: Components, log=print):
+    """The SFT conversations: sft.dataset if set, else the env's teacher's rows (saved next to the run)."""
+    from jaxrl_llm.data.sft_data import export_jsonl, load_sft_dataset, rows_to_dataset, save_sft_dataset
+
+    c = config.sft
+    if c.dataset is not None:
+        dataset = load_sft_dataset(c.dataset)
+        log(f"SFT: {len(dataset)} conversations from {c.dataset}")
+        return dataset
+    out = Path(config.run.output_dir)
+    rows = comp.env.demonstrations(c.teacher, stream(config.run.seed, "sft_data"), comp.env.params,
+                                   config.rollout.max_turns)
+    dataset = rows_to_dataset(rows)
+    save_sft_dataset(dataset, out / "sft_data")
+    export_jsonl(dataset, out / "sft_data.jsonl")
+    log(f"SFT: {len(dataset)} conversations from the {comp.env.name} teacher ({c.teacher}); saved to {out / 'sft_data'}")
+    return dataset
+
+
+def run_sft(config: ExperimentConfig, comp: Components | None = None, log=print, dataset=None) -> Any:
+    """SFT warm-up on the env's teacher rows (or `dataset`); saves the params to `<run.output_dir>/sft`.
+
+    Skipped (its params returned) when that checkpoint exists already; `sft.steps = 0` returns the fresh params.
+    """
+    from jaxrl_llm.algos import sft
+
+    comp = comp or build(config)
+    folder = sft_dir(config)
+    if folder.is_dir():
+        with Checkpointer(folder, read_only=True) as ckpt:
+            if ckpt.latest_step() is not None:
+                log(f"SFT checkpoint found in {folder}: skipping SFT")
+                return initial_policy(comp)
+    params = fresh_params(comp, init_key(config))
+    c = config.sft
+    if c.steps == 0:
+        return params
+    out = Path(config.run.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dataset = sft_rows(config, comp, log) if dataset is None else dataset
+    writer = MetricsWriter(out / "sft_metrics.jsonl")
+    progress = Progress(c.steps, "sft", keys=("loss", "accuracy"))
+
+    def callback(step, record):
+        writer.write(step + 1, record)
+        progress.update(loss=record["loss"], accuracy=record["accuracy"])
+        if "check_exact" in record:
+            log(f"SFT step {step + 1}: {100 * record['check_exact']:.2f} % of the check conversations exact "
+                "(teacher-forced, greedy)")
+
+    check_rows = comp.env.check_rows(c.teacher, comp.env.params) if c.check_every else None
+    params, history = sft.train_sft(comp.module, params, comp.tokenizer, dataset, c,
+                                    stream(config.run.seed, "sft_batches"), callback, check_rows=check_rows)
+    progress.close()
+    writer.close()
+    if check_rows is not None:
+        last = history[-1]
+        log(f"SFT: {len(history)} steps; teacher-forced check on {len(check_rows)} conversations: "
+            f"{100 * last['check_exact']:.2f} % exact, token accuracy {100 * last['check_token_accuracy']:.3f} %")
+    with Checkpointer(folder, keep=1, async_save=False) as ckpt:
+        ckpt.save(len(history), {"params": params}, config=config)
+    return params

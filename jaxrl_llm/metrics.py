@@ -122,8 +122,11 @@ class MetricsWriter:
         row = {"step": int(step), "time": time.time()}
         row.update(to_jsonable(dict(metrics or {})))
         row.update(to_jsonable(more))
-        self._file.write(json.dumps(row) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps(row) + "\n")
+            self._file.flush()
+        except OSError as e:  # disk full, ...: name the file (Python's own message does not)
+            raise OSError(e.errno, f"cannot write metrics to {str(self.path)!r}: {e.strerror or e}", str(self.path)) from None
         return row
 
     def close(self) -> None:

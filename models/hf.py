@@ -30,6 +30,11 @@ from models.lfm2 import Lfm2Cache, Lfm2Config, Lfm2ForCausalLM, init_cache
 _SINGLE = "model.safetensors"
 _INDEX = "model.safetensors.index.json"
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # non-persistent buffers some exporters write
+class HfCheckpointError(ValueError):
+    """A Hugging Face folder that cannot be loaded as it is (pickled or damaged weights, tensors that do not fit
+    config.json); the message names the file or tensor, what is wrong and what to do."""
+
+
 _CONVERT_HINT = (
     "convert it to safetensors first, e.g.\n"
     "  python -c \"from transformers import AutoModelForCausalLM as M; "
@@ -151,7 +156,7 @@ def _safetensors_files(folder: str) -> list[str]:
             try:
                 weight_map = json.load(f)["weight_map"]
             except (json.JSONDecodeError, KeyError) as e:
-                raise ValueError(f"{index} is not a safetensors index (needs a 'weight_map' object): {e}") from None
+                raise HfCheckpointError(f"{index} is not a safetensors index (needs a 'weight_map' object): {e}") from None
         files = sorted(set(weight_map.values()))
         for name in files:
             if not os.path.isfile(os.path.join(folder, name)):
@@ -161,7 +166,7 @@ def _safetensors_files(folder: str) -> list[str]:
         return [single]
     pickled = [p for pat in ("*.bin", "*.pt", "*.pth", "*.ckpt") for p in glob.glob(os.path.join(folder, pat))]
     if pickled:
-        raise ValueError(
+        raise HfCheckpointError(
             f"{folder} holds pickled weights ({', '.join(os.path.basename(p) for p in sorted(pickled))}); "
             "pickle is refused (it can run arbitrary code). " + _CONVERT_HINT.format(src=folder))
     others = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
@@ -173,15 +178,23 @@ def _safetensors_files(folder: str) -> list[str]:
 
 
 def _read_tensors(files: list[str]) -> dict[str, Any]:
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
     tensors: dict[str, Any] = {}
     for file in files:
-        with safe_open(file, framework="flax") as f:
-            for name in f.keys():
-                if name in tensors:
-                    raise ValueError(f"tensor {name!r} appears in more than one shard ({os.path.basename(file)})")
-                tensors[name] = f.get_tensor(name)
+        try:
+            with safe_open(file, framework="flax") as f:
+                for name in f.keys():
+                    if name in tensors:
+                        raise HfCheckpointError(
+                            f"tensor {name!r} appears in more than one shard ({os.path.basename(file)})")
+                    tensors[name] = f.get_tensor(name)
+        except SafetensorError as e:
+            size = os.path.getsize(file)
+            raise HfCheckpointError(
+                f"{file} ({size} bytes) is not a complete safetensors file ({e}): it was probably cut short by an "
+                "interrupted download, copy or export. Fetch or export it again (and compare its size with the "
+                "source's)") from None
     return tensors
 
 
@@ -202,11 +215,11 @@ def params_from_hf(config: Lfm2Config, tensors: dict[str, Any], where: str = "ch
         hint = ("set tie_word_embeddings true in config.json if the head is tied to the embedding"
                 if missing == ["lm_head.weight"] else
                 "check that config.json (num_hidden_layers, layer_types, conv_bias) matches the weights")
-        raise ValueError(f"{where} lacks tensor(s) {missing[:5]}{' ...' if len(missing) > 5 else ''} "
+        raise HfCheckpointError(f"{where} lacks tensor(s) {missing[:5]}{' ...' if len(missing) > 5 else ''} "
                          f"({len(missing)} missing) that this config needs: {hint}")
     extra = sorted(set(tensors) - set(names.values()))
     if extra:
-        raise ValueError(
+        raise HfCheckpointError(
             f"{where} has unexpected tensor(s) {extra[:5]}{' ...' if len(extra) > 5 else ''} that "
             "Lfm2ForCausalLM with this config.json does not use: check num_hidden_layers, layer_types, conv_bias "
             "and tie_word_embeddings in config.json, or remove the extra tensors")
@@ -215,7 +228,7 @@ def params_from_hf(config: Lfm2Config, tensors: dict[str, Any], where: str = "ch
         name, t = names[path], tensors[names[path]]
         want = _hf_shape(path, spec.shape)
         if tuple(t.shape) != want:
-            raise ValueError(
+            raise HfCheckpointError(
                 f"{where}: tensor {name!r} has shape {tuple(t.shape)} but this config.json implies {want} "
                 f"(hidden_size={config.hidden_size}, ff_dim={config.ff_dim}, heads={config.num_attention_heads}, "
                 f"kv_heads={config.num_key_value_heads}, vocab_size={config.vocab_size}); fix config.json to "
@@ -264,11 +277,15 @@ def params_to_hf(config: Lfm2Config, params: Any) -> dict[str, jax.Array]:
     return out
 
 
-def save_hf(model: Lfm2 | Lfm2Config, params_or_path: Any, path: str | os.PathLike | None = None) -> str:
+def save_hf(model: Lfm2 | Lfm2Config, params_or_path: Any, path: str | os.PathLike | None = None, *,
+            overwrite: bool = False) -> str:
     """Writes `config.json` + `model.safetensors` loadable by `transformers.Lfm2ForCausalLM.from_pretrained`.
 
-    Call as `save_hf(model, folder)` with an `Lfm2`, or `save_hf(config, params, folder)`. The folder is
-    written atomically (a temp folder beside it, then renamed; an existing folder is replaced). Returns it.
+    Call as `save_hf(model, folder)` with an `Lfm2`, or `save_hf(config, params, folder)`. A new folder is
+    written atomically (a temp folder beside it, then renamed). An existing folder keeps every file that is
+    not one of those two: one that holds other files is refused (FileExistsError) unless overwrite=True,
+    and even then only config.json and model.safetensors are replaced (each atomically); a sharded index
+    there, which loaders would read instead, is always refused. Nothing else is ever deleted. Returns it.
     """
     from safetensors.flax import save_file
 
@@ -283,6 +300,18 @@ def save_hf(model: Lfm2 | Lfm2Config, params_or_path: Any, path: str | os.PathLi
     else:
         raise TypeError(f"save_hf takes an Lfm2 or an Lfm2Config, got {type(model).__name__}")
     folder = os.path.abspath(os.fspath(folder))
+    written = (_SINGLE, "config.json")
+    if os.path.exists(folder):
+        if not os.path.isdir(folder):
+            raise FileExistsError(f"{folder} is a file, not a folder")
+        others = sorted(set(os.listdir(folder)) - set(written))
+        if _INDEX in others:
+            raise FileExistsError(f"{folder} holds {_INDEX} (a sharded checkpoint) that loaders would read instead of "
+                                  f"the new {_SINGLE}: save into another folder")
+        if others and not overwrite:
+            raise FileExistsError(f"{folder} holds other files ({', '.join(others[:5])}{' ...' if len(others) > 5 else ''}): "
+                                  "save into a new folder, or pass overwrite=True to replace only config.json and "
+                                  f"{_SINGLE} there")
     tensors = params_to_hf(config, params)
     parent = os.path.dirname(folder)
     os.makedirs(parent, exist_ok=True)
@@ -291,14 +320,12 @@ def save_hf(model: Lfm2 | Lfm2Config, params_or_path: Any, path: str | os.PathLi
         save_file(tensors, os.path.join(tmp, _SINGLE), metadata={"format": "pt"})
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(config.to_hf_dict(), f, indent=2)
-        old = None
-        if os.path.exists(folder):
-            old = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.old-", dir=parent)
-            os.rmdir(old)
-            os.replace(folder, old)
-        os.replace(tmp, folder)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        if os.path.isdir(folder):
+            for name in written:  # the weights first, then the config that describes them
+                os.replace(os.path.join(tmp, name), os.path.join(folder, name))
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            os.replace(tmp, folder)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

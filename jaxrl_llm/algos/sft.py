@@ -238,6 +238,17 @@ def teacher_forced_check(module, params, data: dict[str, np.ndarray], batch_size
             "exact_rows": exact, "wrong_rows": [int(i) for i in np.flatnonzero(~exact)]}
 
 
+def check_group_exact(rows, exact_rows) -> dict[str, float]:
+    """{"check_exact_<group>": exact rate} for the check rows whose `info.check_group` names a group
+    (e.g. an arithmetic level); {} when no row names one or the rows and results do not line up."""
+    groups = [str((row.get("info") or {}).get("check_group") or "") if isinstance(row, dict) else "" for row in rows]
+    if len(groups) != len(exact_rows) or not any(groups):
+        return {}
+    exact_rows = np.asarray(exact_rows, bool)
+    names = np.asarray(groups)
+    return {f"check_exact_{g}": float(exact_rows[names == g].mean()) for g in dict.fromkeys(groups) if g}
+
+
 def _batch_indices(key: jax.Array, num_rows: int, batch_size: int, steps: int) -> np.ndarray:
     """int[steps, batch_size]: consecutive slices of a stream of per-epoch permutations (epoch e: fold_in(key, e))."""
     needed = steps * batch_size
@@ -257,7 +268,8 @@ def train_sft(module, params, tokenizer, dataset, config: SftConfig, key: jax.Ar
     loss, accuracy, grad_norm, tokens, learning_rate, epoch. With check_rows and config.check_every > 0,
     every check_every steps (and after the last) `teacher_forced_check` runs on those rows and adds
     check_exact and check_token_accuracy to that step's metrics; config.stop_when_exact ends training at
-    the first check with every row exact."""
+    the first check with every row exact. Check rows whose `info` names a `check_group` also give
+    check_exact_<group>, the exact rate of that group's rows (e.g. one per arithmetic level)."""
     if not isinstance(config, SftConfig):
         raise ValueError(f"config must be an SftConfig, got {type(config).__name__}")
     if config.steps < 1:
@@ -289,6 +301,7 @@ def train_sft(module, params, tokenizer, dataset, config: SftConfig, key: jax.Ar
         if check_data is not None and ((step + 1) % check_every == 0 or step + 1 == config.steps):
             result = teacher_forced_check(module, params, check_data)
             record["check_exact"], record["check_token_accuracy"] = result["exact"], result["token_accuracy"]
+            record.update(check_group_exact(check_rows, result["exact_rows"]))
             exact = result["exact"] == 1.0
         history.append(record)
         if callback is not None:

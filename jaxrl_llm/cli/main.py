@@ -126,14 +126,22 @@ def grpo_curve_keys(comp, present) -> list[str]:
 
 
 def cmd_experiment(args) -> int:
-    """SFT -> GRPO stages -> evaluation of the base, SFT and RL models; results table, curves, samples."""
+    """SFT -> GRPO stages -> evaluation of the base, SFT and RL models; results table, curves, samples.
+    One lock on the output folder for the whole arc (`checkpoint.RunLock`)."""
+    from jaxrl_llm.checkpoint import RunLock
+
+    config = _load(args)
+    with RunLock(config.run.output_dir):
+        return _experiment(config)
+
+
+def _experiment(config) -> int:
     import jax
 
     from jaxrl_llm.metrics import format_results_table, plot_metrics, read_metrics
     from jaxrl_llm.train import (build, evaluate, exactness_check, fresh_params, init_key, run_sft,
                                  time_stage_rollout, train_grpo)
 
-    config = _load(args)
     start = time.perf_counter()
     comp = build(config)
     out = Path(config.run.output_dir)
@@ -142,7 +150,7 @@ def cmd_experiment(args) -> int:
     sft_params = run_sft(config, comp)
     times["sft_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    rl_params = train_grpo(config, comp)["params"] if config.grpo else sft_params
+    rl_params = train_grpo(config, comp)["params"] if any(s.steps for s in config.grpo) else sft_params
     times["grpo_s"] = time.perf_counter() - t
     if config.grpo:
         # Split the GRPO wall time into rollouts and updates: time each stage's rollout alone once.
@@ -198,17 +206,74 @@ def cmd_play(args) -> int:
     return play_terminal(config, checkpoint=args.checkpoint)
 
 
-def cmd_export(args) -> int:
+def check_export_folder(config, out: str, checkpoint: str | None, force: bool) -> Path:
+    """Where `export --out` may write: never into the run's output folder or its checkpoint folders (nor the
+    folder exported from), and into a non-empty folder only with --force. Returns the absolute folder."""
+    from jaxrl_llm.train import sft_dir
+
+    folder = Path(out).expanduser().absolute()
+    real = folder.resolve()
+    run = Path(config.run.output_dir).expanduser().resolve()
+    guarded = [("the run's output folder (run.output_dir)", run, False),
+               ("the run's checkpoint folder", Path(config.checkpoint_dir()).expanduser().resolve(), True),
+               ("the run's SFT checkpoint folder", sft_dir(config).expanduser().resolve(), True)]
+    if checkpoint:
+        guarded.append(("the --checkpoint folder it exports from", Path(checkpoint).expanduser().resolve(), True))
+    for what, path, inside in guarded:
+        if real == path or (inside and path in real.parents):
+            raise FileExistsError(f"--out {out} is {what} ({path}): an export never writes there (it would mix "
+                                  "with checkpoints and metrics); choose another folder, e.g. --out "
+                                  f"{run.name}_hf")
+    if folder.exists() and not folder.is_dir():
+        raise FileExistsError(f"--out {out} is a file, not a folder")
+    present = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    if present and not force:
+        shown = ", ".join(present[:5]) + (" ..." if len(present) > 5 else "")
+        raise FileExistsError(f"--out {out} is not empty (it holds {shown}): choose a new or empty folder, or pass "
+                              "--force to replace only the files an export writes (config.json, model.safetensors, "
+                              "the tokenizer's files, jaxrl_llm_env.json) and keep everything else")
+    if "model.safetensors.index.json" in present:
+        raise FileExistsError(f"--out {out} holds model.safetensors.index.json (a sharded checkpoint), which loaders "
+                              "read before the exported model.safetensors; choose another folder or remove the "
+                              "index and its shards yourself")
+    return folder
+
+
+def export_policy(comp, params, config, folder: Path) -> list[str]:
+    """Writes the HF checkpoint, the tokenizer and the env record into a staging folder beside `folder`, then
+    moves each file into `folder` (created if needed): files of other names there are left as they are.
+    Returns the names written."""
+    import os
+    import shutil
+    import tempfile
+
     from models.hf import save_hf
-    from jaxrl_llm.train import ENV_FILE, build, env_record, policy_params
+    from jaxrl_llm.train import ENV_FILE, env_record
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{folder.name}.export-", dir=folder.parent))
+    try:
+        staged = Path(save_hf(comp.lfm2, params, stage / "export"))
+        comp.tokenizer.save_pretrained(staged)
+        (staged / ENV_FILE).write_text(json.dumps(env_record(config), indent=1) + "\n")
+        folder.mkdir(exist_ok=True)
+        names = sorted(p.name for p in staged.iterdir())
+        for name in names:
+            os.replace(staged / name, folder / name)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return names
+
+
+def cmd_export(args) -> int:
+    from jaxrl_llm.train import build, policy_params
 
     config = _load(args)
+    folder = check_export_folder(config, args.out, args.checkpoint, args.force)  # before any work
     comp = build(config)
     params = policy_params(config, comp, args.checkpoint)
-    folder = save_hf(comp.lfm2, params, args.out)
-    comp.tokenizer.save_pretrained(folder)
-    (Path(folder) / ENV_FILE).write_text(json.dumps(env_record(config), indent=1) + "\n")
-    print(f"exported a transformers LFM2 checkpoint with its tokenizer to {folder}")
+    names = export_policy(comp, params, config, folder)
+    print(f"exported a transformers LFM2 checkpoint with its tokenizer to {folder} ({', '.join(names)})")
     return 0
 
 
@@ -263,7 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
     play.add_argument("--checkpoint", default=None, help="an Orbax checkpoint folder or a Hugging Face folder")
     export = with_config("export", "write the policy as a transformers LFM2 checkpoint", cmd_export)
     export.add_argument("--checkpoint", default=None)
-    export.add_argument("--out", required=True, help="output folder")
+    export.add_argument("--out", required=True, help="output folder (new or empty; see --force)")
+    export.add_argument("--force", action="store_true",
+                        help="write into a non-empty folder, replacing only the files an export writes")
     envs_cmd = sub.add_parser("envs", help="list the registered environments")
     envs_cmd.set_defaults(func=cmd_envs)
     plot = sub.add_parser("plot", help="draw training curves from metrics JSONL files to a PNG")
@@ -274,13 +341,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `jaxrl-llm` script; config errors print one clear line and exit 2."""
+    """Entry point of the `jaxrl-llm` script; the errors a user can fix (config, missing or damaged files,
+    checkpoints that do not fit, a locked or existing run, a full disk) print one clear line and exit 2."""
+    from jaxrl_llm.checkpoint import CheckpointDamagedError, CheckpointMismatchError, RunLockedError
     from jaxrl_llm.config import ConfigError
+    from models.hf import HfCheckpointError
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ConfigError, FileNotFoundError) as error:
+    except (ConfigError, OSError, CheckpointMismatchError, CheckpointDamagedError, RunLockedError,
+            HfCheckpointError) as error:
         print(f"jaxrl-llm {args.command}: {error}", file=sys.stderr)
         return 2
 

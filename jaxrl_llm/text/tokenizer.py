@@ -65,7 +65,7 @@ def load_tokenizer(path: str | Path | None = None):
             f"no tokenizer folder at {folder}; pass a local folder holding tokenizer.json / tokenizer_config.json"
             + (" (rebuild the project's own with `python -m jaxrl_llm.text.build_tokenizer`)" if path is None else "")
         )
-    return AutoTokenizer.from_pretrained(str(folder))
+    return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)  # never run a folder's code
 
 
 def check_tokenizer(tok) -> None:

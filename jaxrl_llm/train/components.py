@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -13,13 +15,29 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import text
-from jaxrl_llm.checkpoint import Checkpointer
+from jaxrl_llm.checkpoint import (CheckpointDamagedError, CheckpointMismatchError, CheckpointNotFoundError, Checkpointer,
+                                  tokenizer_mismatch, tokenizer_record)
+from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.config import ExperimentConfig
 from jaxrl_llm.generate import sampler as sampling
 from jaxrl_llm.train.keys import stream
 from models.lfm2 import Lfm2ForCausalLM, init_cache
 
 ENV_FILE = "jaxrl_llm_env.json"  # written next to an exported HF checkpoint: the env it was trained on
+
+# Test-only fault injection (tests/test_faults.py): with JAXRL_LLM_TEST_KILL_AT="<point>@<step>" in the
+# environment, the process SIGKILLs itself when it reaches that point of that step (points: sft_step,
+# grpo_step, async_save, after_commit, eval). Unset (always, outside the fault tests), it does nothing.
+KILL_ENV = "JAXRL_LLM_TEST_KILL_AT"
+
+
+def kill_point(name: str, step: int, before=None) -> None:
+    """SIGKILLs this process at point `name` of step `step` if JAXRL_LLM_TEST_KILL_AT says so (after calling
+    `before()`, e.g. waiting for a commit); otherwise does nothing."""
+    if os.environ.get(KILL_ENV) == f"{name}@{step}":
+        if before is not None:
+            before()
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dataclasses.dataclass
@@ -52,16 +70,50 @@ class Components:
 
 def build(config: ExperimentConfig) -> Components:
     """Env, tokenizer, text tables and model of `config` (checks the tokenizer fits the model)."""
+    if config.model.init_from is not None:  # the folder's env and tokenizer must be the config's
+        try:
+            check_hf_folder(config, config.model.init_from)
+        except CheckpointMismatchError as e:
+            raise ConfigError(str(e), ("model", "init_from")) from None
     env = config.make_env()
     tokenizer = text.load_tokenizer(config.tokenizer.path)
-    tables = text.tables_for_env(tokenizer, env)
     lfm2 = config.model.lfm2_config()
     if len(tokenizer) > lfm2.vocab_size:
-        raise ValueError(
-            f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {lfm2.vocab_size}; "
-            f"set model.vocab_size >= {len(tokenizer)} (e.g. --set model.vocab_size={len(tokenizer)})"
-        )
+        where = "model.init_from's config.json" if config.model.init_from else "the model's vocab_size"
+        raise ConfigError(
+            f"the tokenizer ({config.tokenizer.path or 'the project tokenizer'}) has {len(tokenizer)} tokens but "
+            f"{where} is {lfm2.vocab_size}; set model.vocab_size >= {len(tokenizer)} (e.g. --set "
+            f"model.vocab_size={len(tokenizer)}) or use the tokenizer the model was made for", ("model", "vocab_size"))
+    tables = text.tables_for_env(tokenizer, env)
+    check_context_lengths(config, tables)
     return Components(config, env, tokenizer, tables, lfm2, Lfm2ForCausalLM(lfm2))
+
+
+def check_context_lengths(config: ExperimentConfig, tables: text.TextTables) -> None:
+    """Every rollout's context must hold the system prefix, one message and one reply (ConfigError naming
+    the key and both numbers, before anything compiles)."""
+    uses = [(("eval", "rollout", "context_length"), config.eval.rollout, config.eval.sampling)]
+    uses += [(("grpo", i, "rollout", "context_length"), s.rollout, s.sampling) for i, s in enumerate(config.grpo)]
+    for where, rollout_config, sampling_config in uses:
+        need = tables.prefix_length + tables.max_msg + 1 + sampling_config.max_new_tokens
+        if rollout_config.context_length < need:
+            raise ConfigError(
+                f"{rollout_config.context_length} cannot hold the system prompt ({tables.prefix_length} tokens), one "
+                f"message (up to {tables.max_msg}) and one reply (max_new_tokens {sampling_config.max_new_tokens}): "
+                f"it must be >= {need}", where)
+
+
+def check_hf_folder(config: ExperimentConfig, folder: str | os.PathLike, what: str | None = None) -> None:
+    """A Hugging Face folder (an export, or model.init_from) must fit the config: the env it was trained on
+    (`jaxrl_llm_env.json`) and its tokenizer's vocabulary (`tokenizer.json`), when it records them.
+    Raises CheckpointMismatchError naming both values."""
+    what = what or str(folder)
+    env_file = Path(folder) / ENV_FILE
+    if env_file.is_file():
+        check_env_record(json.loads(env_file.read_text()), config, what)
+    clash = tokenizer_mismatch(tokenizer_record(folder), tokenizer_record(config.tokenizer.path), what)
+    if clash:
+        raise CheckpointMismatchError(clash)
 
 
 def fresh_params(comp: Components, key: jax.Array):
@@ -110,9 +162,8 @@ def initial_policy(comp: Components):
     if folder.is_dir():
         with Checkpointer(folder, read_only=True) as ckpt:
             if ckpt.latest_step() is not None:
-                ckpt.check_config(comp.config)
                 target = jax.eval_shape(lambda: fresh_params(comp, key))
-                return ckpt.restore_subtree("params", target=target)
+                return ckpt.restore_newest_good(target, expect_config=comp.config, subtree="params")[1]
     return fresh_params(comp, key)
 
 
@@ -129,58 +180,110 @@ def check_env_record(saved: dict[str, Any] | None, config: ExperimentConfig, whe
         return
     mine = env_record(config)
     if saved.get("name") != mine["name"]:
-        raise ValueError(f"{where} was trained on env {saved.get('name')!r} but the config uses env "
-                         f"{mine['name']!r}: use the preset it was trained with (or --set env.name=...)")
+        raise CheckpointMismatchError(
+            f"{where} was trained on env {saved.get('name')!r} but the config uses env {mine['name']!r}: use the "
+            f"preset it was trained with (or --set env.name={saved.get('name')}); to fine-tune it on another env on "
+            f"purpose, use a copy of the folder without {ENV_FILE}")
     if saved.get("params") and saved["params"] != mine["params"]:
         diff = [f"env.params.{k}: {saved['params'].get(k)!r} there, {mine['params'].get(k)!r} here"
                 for k in sorted(set(saved["params"]) | set(mine["params"]))
                 if saved["params"].get(k) != mine["params"].get(k)]
-        raise ValueError(f"{where} was trained on env {mine['name']!r} with other params ({'; '.join(diff)}): "
-                         "use the preset it was trained with")
+        raise CheckpointMismatchError(f"{where} was trained on env {mine['name']!r} with other params "
+                                      f"({'; '.join(diff)}): use the preset it was trained with")
+
+
+def check_hf_architecture(config: ExperimentConfig, folder: str | os.PathLike) -> None:
+    """The model in a Hugging Face folder's config.json must be the config's (CheckpointMismatchError naming
+    each differing field with both values)."""
+    from models.lfm2 import Lfm2Config
+
+    saved, mine = Lfm2Config.from_pretrained(folder), config.model.lfm2_config()
+    fields = ("num_hidden_layers", "hidden_size", "vocab_size", "intermediate_size", "num_attention_heads",
+              "num_key_value_heads", "layer_types", "tie_word_embeddings", "conv_bias")
+    differ = [f"{name}: {getattr(saved, name)!r} there, {getattr(mine, name)!r} in the config"
+              for name in fields if getattr(saved, name) != getattr(mine, name)]
+    if differ:
+        raise CheckpointMismatchError(f"{folder} holds another model than the config builds ({'; '.join(differ)}): "
+                                      "use the preset it was trained with")
+
+
+def check_checkpoint(config: ExperimentConfig, checkpoint: str | os.PathLike) -> None:
+    """`--checkpoint` must name a folder that holds a model and fits the config, checked before anything is
+    built: a Hugging Face folder (its env, tokenizer and architecture) or an Orbax folder with at least one
+    committed step (its env, tokenizer and model; a damaged newest step is left to the restore, which falls
+    back). Raises CheckpointNotFoundError or CheckpointMismatchError naming both values."""
+    folder = Path(checkpoint)
+    if (folder / "config.json").is_file():
+        check_hf_folder(config, folder)
+        check_hf_architecture(config, folder)
+        return
+    if not folder.is_dir():
+        raise CheckpointNotFoundError(f"--checkpoint {checkpoint}: no such folder")
+    with Checkpointer(folder, read_only=True) as ckpt:
+        if ckpt.latest_step() is None:
+            raise CheckpointNotFoundError(
+                f"--checkpoint {checkpoint}: the folder holds no checkpoint (no committed Orbax step, no "
+                f"config.json){_checkpoint_hint(folder)}")
+        try:
+            ckpt.check_config(config)
+        except CheckpointDamagedError:
+            pass
 
 
 def _hf_params(comp: Components, folder: str, target):
-    """The params of a Hugging Face LFM2 folder (`jaxrl-llm export`'s output), checked against the model."""
+    """The params of a Hugging Face LFM2 folder (`jaxrl-llm export`'s output), checked against the config:
+    its env, tokenizer and architecture (`check_checkpoint`), then its tensors (both values named)."""
     from models.hf import load_hf
 
-    env_file = Path(folder) / ENV_FILE
-    if env_file.is_file():
-        check_env_record(json.loads(env_file.read_text()), comp.config, folder)
+    check_checkpoint(comp.config, folder)
     loaded = load_hf(folder)
-    if loaded.config.num_hidden_layers != comp.lfm2.num_hidden_layers or loaded.config.hidden_size != comp.lfm2.hidden_size \
-            or loaded.config.vocab_size != comp.lfm2.vocab_size:
-        raise ValueError(
-            f"{folder} holds a model with {loaded.config.num_hidden_layers} layers, hidden {loaded.config.hidden_size}, "
-            f"vocab {loaded.config.vocab_size}, but the config builds {comp.lfm2.num_hidden_layers} / "
-            f"{comp.lfm2.hidden_size} / {comp.lfm2.vocab_size}: use the preset it was trained with")
-    got = jax.tree_util.tree_map(lambda x: (x.shape, str(x.dtype)), loaded.params)
-    want = jax.tree_util.tree_map(lambda x: (x.shape, str(x.dtype)), target)
+    got = dict((jax.tree_util.keystr(p), (x.shape, str(x.dtype)))
+               for p, x in jax.tree_util.tree_flatten_with_path(loaded.params)[0])
+    want = dict((jax.tree_util.keystr(p), (x.shape, str(x.dtype)))
+                for p, x in jax.tree_util.tree_flatten_with_path(target)[0])
     if got != want:
-        raise ValueError(f"{folder}'s tensors do not match the config's model (shapes or dtypes differ); "
-                         "use the preset it was trained with")
+        bad = [f"{k}: {got.get(k)} there, {want.get(k)} in the config" for k in sorted(set(got) | set(want))
+               if got.get(k) != want.get(k)]
+        raise CheckpointMismatchError(f"{folder}'s tensors do not match the config's model ({'; '.join(bad[:3])}"
+                                      f"{' ...' if len(bad) > 3 else ''}): use the preset it was trained with")
     print(f"params from {folder} (Hugging Face folder)")
     return loaded.params
 
 
+def _checkpoint_hint(folder: Path) -> str:
+    """Where under `folder` a checkpoint is, for an error message (a run folder holds checkpoints/, sft/)."""
+    found = [str(folder / name) for name in ("checkpoints", "sft") if (folder / name).is_dir()
+             and any(p.name.isdigit() for p in (folder / name).iterdir())]
+    if found:
+        return f"; did you mean {' or '.join(found)}?"
+    return ("; pass a folder that holds Orbax steps (<run.output_dir>/checkpoints or .../sft) or a Hugging Face "
+            "folder with config.json and model.safetensors (as `jaxrl-llm export` writes)")
+
+
 def policy_params(config: ExperimentConfig, comp: Components, checkpoint: str | None):
     """Params to evaluate / play / export: `--checkpoint DIR` (a GRPO or SFT checkpoint folder, or a Hugging
-    Face folder with config.json + safetensors such as `jaxrl-llm export` writes), else the
-    run's latest GRPO checkpoint, else its SFT checkpoint, else `model.init_from` (a Hugging Face folder),
-    else a fresh init (with a warning)."""
+    Face folder with config.json + safetensors such as `jaxrl-llm export` writes; a folder that holds
+    neither is an error), else the run's latest GRPO checkpoint, else its SFT checkpoint, else
+    `model.init_from` (a Hugging Face folder), else a fresh init (with a warning). A damaged newest step
+    falls back to the newest good one with a warning naming both."""
     target = jax.eval_shape(lambda: fresh_params(comp, init_key(config)))
-    if checkpoint and (Path(checkpoint) / "config.json").is_file():
-        return _hf_params(comp, checkpoint, target)
-    candidates = [checkpoint] if checkpoint else [config.checkpoint_dir(), str(sft_dir(config))]
+    if checkpoint:
+        if (Path(checkpoint) / "config.json").is_file():
+            return _hf_params(comp, checkpoint, target)
+        check_checkpoint(config, checkpoint)
+        with Checkpointer(checkpoint, read_only=True) as ckpt:
+            step, params = ckpt.restore_newest_good(target, expect_config=config, subtree="params")
+            print(f"params from {checkpoint} (step {step})")
+            return params
+    candidates = [config.checkpoint_dir(), str(sft_dir(config))]
     for folder in candidates:
-        try:
-            with Checkpointer(folder, read_only=True) as ckpt:
-                if ckpt.latest_step() is not None:
-                    ckpt.check_config(config)
-                    print(f"params from {folder} (step {ckpt.latest_step()})")
-                    return ckpt.restore_subtree("params", target=target)
-        except FileNotFoundError:
-            if checkpoint:
-                raise
+        if not Path(folder).is_dir():
+            continue
+        with Checkpointer(folder, read_only=True) as ckpt:
+            if ckpt.latest_step() is not None:
+                step, params = ckpt.restore_newest_good(target, expect_config=config, subtree="params")
+                print(f"params from {folder} (step {step})")
+                return params
     if config.model.init_from is not None:
         print(f"no checkpoint in {', '.join(map(str, candidates))}: params from model.init_from = {config.model.init_from}")
     else:

@@ -16,8 +16,21 @@ from jaxrl_llm.train.keys import stream
 GENERIC_SUMMARY = ("games", "format", "reward", "turns")  # what every summary holds besides the env's metrics
 
 
+def _metric_means(metrics: dict) -> dict[str, float]:
+    """Mean of each per-game metric over the games where it is not NaN; a metric NaN for every game (it applies
+    to none of them, e.g. another level's accuracy) is left out."""
+    out = {}
+    for name, v in metrics.items():
+        v = np.asarray(v, np.float64)
+        kept = v[~np.isnan(v)]
+        if kept.size:
+            out[name] = float(kept.mean())
+    return out
+
+
 def summarize(traj: Trajectory) -> dict[str, float]:
-    """Means of the env's per-game metrics, the format rate (of replies), the mean reward and turns (host)."""
+    """Means of the env's per-game metrics (over the games where each is not NaN; one NaN for all is left
+    out), the format rate (of replies), the mean reward and turns (host)."""
     traj = jax.device_get(traj)
     clash = set(traj.metrics) & set(GENERIC_SUMMARY)
     if clash:
@@ -25,7 +38,7 @@ def summarize(traj: Trajectory) -> dict[str, float]:
     replies = max(int(np.sum(traj.turns)), 1)
     return {
         "games": int(traj.tokens.shape[0]),
-        **{name: float(np.mean(np.asarray(v, np.float64))) for name, v in traj.metrics.items()},
+        **_metric_means(traj.metrics),
         "format": float(np.sum(traj.reply_format) / replies),
         "reward": float(np.mean(traj.reward)),
         "turns": float(np.mean(np.asarray(traj.turns, np.float64))),

@@ -17,24 +17,26 @@ import jax.numpy as jnp
 
 from jaxrl_llm.algos.grpo import grpo_update_step
 from jaxrl_llm.algos.optim import learning_rate_schedule, make_optimizer
-from jaxrl_llm.checkpoint import Checkpointer
+from jaxrl_llm.checkpoint import Checkpointer, RunExistsError, RunLock
+from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.config import ExperimentConfig
-from jaxrl_llm.metrics import MetricsWriter, Progress
+from jaxrl_llm.metrics import MetricsWriter, Progress, read_metrics
 from jaxrl_llm.rollout import Trajectory, games_text, make_rollout, model_policy, rollout, write_games_jsonl
-from jaxrl_llm.train.components import (Components, build, fresh_params, init_key, initial_policy, make_mesh,
-                                        shard_params)
+from jaxrl_llm.train.components import (Components, build, fresh_params, init_key, initial_policy, kill_point,
+                                        make_mesh, shard_params)
 from jaxrl_llm.train.evaluate import GENERIC_SUMMARY, evaluate
 from jaxrl_llm.train.keys import stream
 
 
 def rollout_metrics(traj: Trajectory) -> dict[str, jax.Array]:
-    """Per-batch figures (device scalars): the env's metrics as `<name>_rate`, the reward parts as
+    """Per-batch figures (device scalars): the env's metrics as `<name>_rate` (means over the games where the
+    metric is not NaN; NaN when it is NaN for all), the reward parts as
     `<name>_reward` (unweighted), format / truncation / context-cut rates, reply lengths, tokens."""
     clash = set(traj.metrics) & set(GENERIC_SUMMARY)
     if clash:
         raise ValueError(f"env metric names {sorted(clash)} are reserved for the generic summary; rename them")
     replies = jnp.maximum(traj.turns.sum(), 1)
-    out = {f"{name}_rate": jnp.mean(v) for name, v in traj.metrics.items()}
+    out = {f"{name}_rate": jnp.nanmean(v) for name, v in traj.metrics.items()}  # NaN: not this game's metric
     out.update({f"{name}_reward": jnp.mean(v) for name, v in traj.reward_parts.items()})
     out.update(
         format_rate=traj.reply_format.sum() / replies,
@@ -132,6 +134,20 @@ def progress_keys(comp: Components) -> tuple[str, ...]:
     return ("reward_mean", *metrics, "format_rate", "games_per_s")
 
 
+def refuse_existing_run(config: ExperimentConfig, ckpt: Checkpointer) -> None:
+    """checkpoint.resume = false must not overwrite a run: RunExistsError when the folder holds one."""
+    steps = ckpt.all_steps()
+    metrics = Path(config.run.output_dir) / "metrics.jsonl"
+    lines = len(read_metrics(metrics))
+    if steps or lines:
+        held = ", ".join(([f"checkpoints up to step {steps[-1]} in {ckpt.directory}"] if steps else [])
+                         + ([f"{lines} steps in {metrics}"] if lines else []))
+        raise RunExistsError(
+            f"checkpoint.resume = false, but {config.run.output_dir!r} already holds a run ({held}); nothing was "
+            "changed. Resume it (checkpoint.resume = true, the default), start the new run in another folder "
+            "(--set run.output_dir=...), or delete the old one first")
+
+
 def train_grpo(config: ExperimentConfig, comp: Components | None = None, stop_after: int | None = None,
                log=print) -> dict[str, Any]:
     """Runs (or resumes) every GRPO stage of `config`; returns {"params", "step", "metrics_path"}.
@@ -140,7 +156,18 @@ def train_grpo(config: ExperimentConfig, comp: Components | None = None, stop_af
     stage; metrics to `<run.output_dir>/metrics.jsonl`, one JSON object per step; every
     `run.sample_every` steps a few games to `<run.output_dir>/samples/step_<n>.jsonl`.
     stop_after: end after this many global steps (tests, time budgets); a later call resumes.
+    One trainer per output folder (`checkpoint.RunLock`); resuming skips a damaged newest checkpoint for the
+    newest good one, with a warning naming both; checkpoint.resume = false on an existing run is refused.
     """
+    if sum(s.steps for s in config.grpo) == 0:
+        raise ConfigError("there is no GRPO step to run: add a [[grpo]] stage with steps >= 1 to the preset"
+                          if not config.grpo else "every [[grpo]] stage has steps = 0: nothing to train", ("grpo",))
+    with RunLock(config.run.output_dir, log=log):
+        return _train_grpo_locked(config, comp, stop_after, log)
+
+
+def _train_grpo_locked(config: ExperimentConfig, comp: Components | None, stop_after: int | None,
+                       log) -> dict[str, Any]:
     comp = comp or build(config)
     out = Path(config.run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -148,21 +175,27 @@ def train_grpo(config: ExperimentConfig, comp: Components | None = None, stop_af
     base_key = jax.random.PRNGKey(config.run.seed)
     ckpt = Checkpointer(config.checkpoint_dir(), keep=config.checkpoint.keep, async_save=config.checkpoint.async_save)
     try:
+        if not config.checkpoint.resume:
+            refuse_existing_run(config, ckpt)
         latest = ckpt.latest_step() if config.checkpoint.resume else None
         params_target = jax.eval_shape(lambda: fresh_params(comp, init_key(config)))
         step = 0
         opt_state = None
         if latest is not None:
-            meta = ckpt.metadata(latest).get("metadata", {})
-            stage_of_ckpt = int(meta.get("stage", 0))
-            _, opt0 = make_grpo_step(comp, stage_of_ckpt)
-            target = {
-                "params": params_target,
-                "opt_state": jax.eval_shape(opt0.init, params_target),
-                "step": jax.ShapeDtypeStruct((), jnp.int32),
-                "rng": jax.eval_shape(lambda: jax.random.key_data(base_key)),
-            }
-            state = ckpt.restore(latest, target=target, expect_config=config)
+            stage_of = {}
+
+            def target_of(at: int):  # the optimizer state's structure is that of the checkpoint's stage
+                stage_of[at] = int(ckpt.metadata(at).get("metadata", {}).get("stage", 0))
+                _, opt0 = make_grpo_step(comp, stage_of[at])
+                return {
+                    "params": params_target,
+                    "opt_state": jax.eval_shape(opt0.init, params_target),
+                    "step": jax.ShapeDtypeStruct((), jnp.int32),
+                    "rng": jax.eval_shape(lambda: jax.random.key_data(base_key)),
+                }
+
+            latest, state = ckpt.restore_newest_good(target_of, expect_config=config, log=log)
+            stage_of_ckpt = stage_of[latest]
             params, opt_state, step = state["params"], state["opt_state"], int(state["step"])
             if global_stage(config, step)[0] != stage_of_ckpt:
                 opt_state = None  # the checkpoint closed its stage: the next stage starts a fresh optimizer
@@ -173,6 +206,8 @@ def train_grpo(config: ExperimentConfig, comp: Components | None = None, stop_af
         params = shard_params(comp, params, mesh)
         ref_params = shard_params(comp, initial_policy(comp), mesh)
         writer = MetricsWriter(out / "metrics.jsonl", resume_step=step)
+        if (out / "eval_metrics.jsonl").exists():  # evaluations after the resumed step are redone
+            MetricsWriter(out / "eval_metrics.jsonl", resume_step=step).close()
         keys = progress_keys(comp)
         progress = Progress(total, "grpo", keys=keys)
         progress.update(advance=step)
@@ -191,6 +226,7 @@ def train_grpo(config: ExperimentConfig, comp: Components | None = None, stop_af
                 params, opt_state, metrics, traj = step_fn(params, opt_state, ref,
                                                            stream(config.run.seed, "grpo", step))
                 metrics = jax.device_get(metrics)
+                kill_point("grpo_step", step + 1)
                 dt = time.perf_counter() - t0
                 local = step - (stage_end - s.steps)
                 record = {k: float(v) for k, v in metrics.items()}
@@ -206,6 +242,7 @@ def train_grpo(config: ExperimentConfig, comp: Components | None = None, stop_af
                     write_samples(out / "samples" / f"step_{step:06d}", comp, traj, min(4, s.batch_size))
                 if config.eval.every_steps and step % config.eval.every_steps == 0:
                     results = evaluate(comp, params)
+                    kill_point("eval", step)
                     with MetricsWriter(out / "eval_metrics.jsonl", resume_step=step - 1) as evals:
                         evals.write(step, {f"{name}_{k}": v for name, r in results.items() for k, v in r.items()})
                 every = config.checkpoint.every_steps
@@ -216,6 +253,8 @@ def train_grpo(config: ExperimentConfig, comp: Components | None = None, stop_af
                                      "rng": jax.random.key_data(base_key)}, config=config,
                               metadata={"stage": stage, "stage_step": step - (stage_end - s.steps),
                                         "games_played": games_played(config, step)})
+                    kill_point("async_save", step)
+                    kill_point("after_commit", step, before=ckpt.wait)
             if step == stage_end:
                 opt_state = None
         progress.close()

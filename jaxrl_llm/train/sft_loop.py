@@ -7,10 +7,10 @@ from typing import Any
 
 import jax
 
-from jaxrl_llm.checkpoint import Checkpointer
+from jaxrl_llm.checkpoint import Checkpointer, RunLock
 from jaxrl_llm.config import ExperimentConfig
 from jaxrl_llm.metrics import MetricsWriter, Progress
-from jaxrl_llm.train.components import Components, build, fresh_params, init_key, initial_policy, sft_dir
+from jaxrl_llm.train.components import Components, build, fresh_params, init_key, initial_policy, kill_point, sft_dir
 from jaxrl_llm.train.keys import stream
 
 
@@ -37,7 +37,14 @@ def run_sft(config: ExperimentConfig, comp: Components | None = None, log=print,
     """SFT warm-up on the env's teacher rows (or `dataset`); saves the params to `<run.output_dir>/sft`.
 
     Skipped (its params returned) when that checkpoint exists already; `sft.steps = 0` returns the fresh params.
+    SFT has no checkpoint before its end: a run killed during SFT does it again from the start (the same
+    steps, so the same metrics). One trainer per output folder (`checkpoint.RunLock`).
     """
+    with RunLock(config.run.output_dir, log=log):
+        return _run_sft_locked(config, comp, log, dataset)
+
+
+def _run_sft_locked(config: ExperimentConfig, comp: Components | None, log, dataset) -> Any:
     from jaxrl_llm.algos import sft
 
     comp = comp or build(config)
@@ -59,6 +66,7 @@ def run_sft(config: ExperimentConfig, comp: Components | None = None, log=print,
 
     def callback(step, record):
         writer.write(step + 1, record)
+        kill_point("sft_step", step + 1)
         progress.update(loss=record["loss"], accuracy=record["accuracy"])
         if "check_exact" in record:
             log(f"SFT step {step + 1}: {100 * record['check_exact']:.2f} % of the check conversations exact "

@@ -6,7 +6,7 @@ import pytest
 
 import reference_text as ref
 from envs.tictactoe import text
-from jaxrl_llm.text.build_tokenizer import build
+from envs.tictactoe.build_tokenizer import build
 from jaxrl_llm.text.tokenizer import ASSET_DIR, CHAT_TEMPLATE, check_tokenizer, load_tokenizer
 
 

@@ -1,4 +1,4 @@
-"""Build the project's tokenizer (deterministic): `python -m jaxrl_llm.text.build_tokenizer [out_dir]`.
+"""Build the project's tokenizer (deterministic): `python -m envs.tictactoe.build_tokenizer [out_dir]`.
 
 A small byte-level BPE trained with `tokenizers` on the Tic-Tac-Toe environment's own text: both prompt
 presets' system prompts, every message form on every reachable board, and short reasoning phrases. The
@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from envs.tictactoe import game, text
+from envs.tictactoe import game, text  # the project tokenizer is trained on this env's text
 from jaxrl_llm.text.tokenizer import ASSET_DIR, BOS, CHAT_TEMPLATE, ENDOFTEXT, IM_END, IM_START, PAD
 
 VOCAB_SIZE = 640

@@ -4,7 +4,8 @@
     env = envs.make("tictactoe", prompt="tiny")      # an envs.core.Env; env.params its Params
     envs.register("my_env", MyEnv)                   # any Env subclass, then envs.make("my_env", ...)
 
-The protocol is `envs.core` (read its docstring); built-in environments: tictactoe.
+The protocol is `envs.core` (read its docstring); built-in environments: tictactoe (multi-turn game vs a minimax
+opponent), arithmetic (single-turn problems with a verifiable integer answer).
 """
 
 from envs.core import (  # noqa: F401
@@ -13,3 +14,4 @@ from envs.core import (  # noqa: F401
 )
 
 register("tictactoe", "envs.tictactoe.env:TicTacToe")
+register("arithmetic", "envs.arithmetic.env:Arithmetic")

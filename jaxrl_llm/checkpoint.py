@@ -263,6 +263,27 @@ def tokenizer_mismatch(have: dict[str, Any] | None, want: dict[str, Any] | None,
             "token ids would mean other text; set tokenizer.path to the tokenizer it was trained with")
 
 
+def _lora_record(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """What makes a checkpoint's params LoRA adapters of a kind: {"rank"} (0: the whole model) and, for
+    adapters, "alpha" and the targeted projections (dropout does not matter). Older checkpoints: rank 0."""
+    from models.lora import LoraConfig
+
+    table = ((meta.get("config") or {}).get("lora")) or {}
+    try:
+        lora = LoraConfig(**{k: v for k, v in table.items() if k in ("rank", "alpha", "targets")})
+    except (TypeError, ValueError):
+        return {"unreadable": dict(table)}
+    if not lora.enabled:
+        return {"rank": 0}
+    return {"rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.modules)}
+
+
+def _lora_text(record: Mapping[str, Any]) -> str:
+    if record.get("rank") == 0:
+        return "no LoRA (the whole model)"
+    return "LoRA " + ", ".join(f"{k} = {v!r}" for k, v in record.items())
+
+
 def _diff(a: Any, b: Any, prefix: str) -> list[str]:
     """Dotted keys where two JSON values differ, with both values."""
     if isinstance(a, dict) and isinstance(b, dict):
@@ -490,6 +511,12 @@ class Checkpointer:
                                    f"checkpoint {str(self.directory)!r} step {meta.get('step')}")
         if clash:
             raise CheckpointMismatchError(clash)
+        have_lora, want_lora = _lora_record(meta), _lora_record(mine)
+        if "config" in meta and "config" in mine and have_lora != want_lora:
+            raise CheckpointMismatchError(
+                f"checkpoint {str(self.directory)!r} step {meta.get('step')} was trained with "
+                f"{_lora_text(have_lora)} but this config asks for {_lora_text(want_lora)}: its params do not fit. "
+                "Use the [lora] table it was trained with, or another checkpoint.dir / run.output_dir")
         if "model" in meta and "model" in mine:
             have = {k: v for k, v in meta["model"].items() if k not in _ARCH_IGNORED}
             want = {k: v for k, v in mine["model"].items() if k not in _ARCH_IGNORED}

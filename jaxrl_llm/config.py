@@ -18,6 +18,7 @@ concept, no mirrors here):
                        [eval.sampling] (over the base, greedy by default) and [eval.rollout] likewise
     [checkpoint]       dir, keep, every_steps, async_save, resume
     [mesh]             data, fsdp axis sizes (-1 = all remaining devices)
+    [lora]             `models.lora.LoraConfig`: rank (0 = off, the default), alpha, dropout, targets
     [run]              output_dir, seed, log_every, sample_every
 
 Every dataclass checks its own fields (`jaxrl_llm.checks`); the loader only reads TOML into them: an
@@ -53,6 +54,7 @@ from jaxrl_llm.algos.sft import SftConfig
 from jaxrl_llm.checks import ConfigError, EnvBound, check_choice, check_int, check_str
 from jaxrl_llm.generate.sampler import SamplingConfig
 from jaxrl_llm.rollout.rollout import RolloutConfig
+from models.lora import LoraConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -609,6 +611,7 @@ class ExperimentConfig(_Section):
     checkpoint: CheckpointSection = CheckpointSection()
     mesh: MeshSection = MeshSection()
     run: RunSection = RunSection()
+    lora: LoraConfig = LoraConfig()
 
     @classmethod
     def _from_table(cls, data: Mapping[str, Any], env_cls=None) -> "ExperimentConfig":

@@ -49,6 +49,7 @@ _MASKED = float(np.finfo(np.float32).min)  # score of a masked key (finite: no N
 # Measured on a 2-core EPYC (2 MB L2, 32 MB L3): a [256, 2, 168, 1024] prefill block is 4.5x faster in
 # groups of 4 rows (5 MB) than in one op (336 MB); a [16, 2, 768, 384] full forward 4.8x in groups of 2.
 ATTENTION_BLOCK_BYTES = 6 * 2**20
+ATTENTION_IMPLEMENTATIONS = ("auto", "ours", "xla", "cudnn")  # `Lfm2Config.attention`
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -105,6 +106,14 @@ class Lfm2Config:
     # (on the CPU backend, as many rows as fit `ATTENTION_BLOCK_BYTES`; on GPU/TPU the whole batch in one
     # batched op); 0: the whole batch; n: n rows (the largest divisor of the batch not above n).
     attention_row_block: int | None = None
+    # Multi-token attention (training's full forward, prefill chunks): "ours" (`_attend`: GQA as batched
+    # matmuls, row groups on the CPU), "xla" / "cudnn" (`jax.nn.dot_product_attention` with that
+    # implementation; "cudnn" is the fused flash kernel, CUDA GPUs with bfloat16/float16 only), "auto"
+    # ("ours" on the CPU, where it is faster; "cudnn" on a GPU when dtype allows, else "xla"). Decode steps
+    # (one new token) always use "ours": they read the cache in place in its own layout.
+    attention: str = "auto"
+    # KV and conv cache dtype; None: the activation `dtype`.
+    cache_dtype: str | None = None
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
@@ -113,6 +122,15 @@ class Lfm2Config:
             set_("eos_token_id", tuple(self.eos_token_id))
         set_("dtype", _dtype_name(self.dtype))
         set_("param_dtype", _dtype_name(self.param_dtype))
+        if self.cache_dtype is not None:
+            try:
+                set_("cache_dtype", _dtype_name(self.cache_dtype))
+            except ValueError:
+                raise ValueError(f"Lfm2Config.cache_dtype is {self.cache_dtype!r}: unsupported; use one of "
+                                 f"{sorted(_DTYPES)}, or leave it unset for the activation dtype") from None
+        if self.attention not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(f"Lfm2Config.attention is {self.attention!r}: use one of "
+                             f"{', '.join(map(repr, ATTENTION_IMPLEMENTATIONS))}")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "conv_L_cache", "block_multiple_of"):
             value = getattr(self, name)
@@ -180,6 +198,11 @@ class Lfm2Config:
     def jnp_param_dtype(self):
         """Parameter dtype as a jnp dtype."""
         return _DTYPES[self.param_dtype]
+
+    @property
+    def jnp_cache_dtype(self):
+        """KV / conv cache dtype as a jnp dtype (`cache_dtype`, else the activation dtype)."""
+        return _DTYPES[self.cache_dtype or self.dtype]
 
     def replace(self, **changes) -> Lfm2Config:
         """A copy with some fields changed (validated again)."""
@@ -381,8 +404,8 @@ class Lfm2Cache(NamedTuple):
 def init_cache(config: Lfm2Config, batch: int, max_len: int, dtype=None) -> Lfm2Cache:
     """An empty cache: lengths 0, zero keys [batch, kv_heads, head_dim, max_len] and values
     [batch, kv_heads, max_len, head_dim], zero conv states [batch, conv_L_cache-1, hidden]; dtype defaults
-    to `config.dtype`."""
-    dtype = config.jnp_dtype if dtype is None else dtype
+    to `config.cache_dtype` (itself defaulting to the activation dtype `config.dtype`)."""
+    dtype = config.jnp_cache_dtype if dtype is None else dtype
     k_shape = (batch, config.num_key_value_heads, config.head_dim, max_len)
     v_shape = (batch, config.num_key_value_heads, max_len, config.head_dim)
     n_attn = len(config.attention_layers)
@@ -535,7 +558,11 @@ class Attention(nn.Module):
             return _dense(cfg, cfg.hidden_size, ("heads", "embed"), "out_proj")(out)
 
         row_block = attention_rows(cfg.attention_row_block, B, KV * G * T * (T if kv is None else kv[0].shape[-1]))
+        fused = attention_implementation(cfg.attention, cfg.dtype, hd, cached=kv is not None) if T > 1 else "ours"
         if kv is None:
+            if fused != "ours":  # [B, T, H, hd], head h = kv * G + g as ours
+                out = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=fused)
+                return _dense(cfg, cfg.hidden_size, ("heads", "embed"), "out_proj")(out.reshape(B, T, H * hd)), None
             return project(_attend(qq, [chunk], (B, KV, G, T, hd), row_block)), None
         k_cache, v_cache = kv
         S = k_cache.shape[-1]
@@ -550,6 +577,12 @@ class Attention(nn.Module):
             # Chunked prefill: write the chunk, then attend over the cache (one [T, S] score block).
             k_cache, v_cache = written(k_cache, v_cache, k, v)
             seen = jnp.arange(S)[None, None, :] <= positions[:, :, None]  # [B, T, S]
+            if fused != "ours":  # the cache in the [B, S, KV, hd] layout the library takes
+                keys = k_cache.astype(q.dtype).transpose(0, 3, 1, 2)
+                values = v_cache.astype(q.dtype).transpose(0, 2, 1, 3)
+                out = jax.nn.dot_product_attention(q, keys, values, mask=seen[:, None], implementation=fused)
+                out = _dense(cfg, cfg.hidden_size, ("heads", "embed"), "out_proj")(out.reshape(B, T, H * hd))
+                return out, (k_cache, v_cache)
             cache = (k_cache.astype(q.dtype), "bkds", v_cache.astype(q.dtype), "bksd", seen)
             return project(_attend(qq, [cache], (B, KV, G, T, hd), row_block)), (k_cache, v_cache)
         # Decode step: attend to the cached positions and to the new token, then write it. Reading the
@@ -563,6 +596,35 @@ class Attention(nn.Module):
         ready = jnp.isfinite(out[:, :1, :1, :1]).reshape(B, 1, 1, 1)
         k_cache, v_cache = written(k_cache, v_cache, jnp.where(ready, k, 0.0), jnp.where(ready, v, 0.0))
         return project(out), (k_cache, v_cache)
+
+
+def attention_implementation(setting: str, dtype: str, head_dim: int, cached: bool = False) -> str:
+    """Which attention a multi-token call uses (`Lfm2Config.attention`): "ours", "xla" or "cudnn".
+
+    "auto": on the CPU "ours" (the row-grouped batched matmuls, faster there than XLA's generic
+    attention: see experiments/benchmarks/attention_paths.py); on a GPU the cuDNN flash kernel for the
+    full causal forward when dtype is bfloat16/float16 and head_dim a multiple of 8 up to 128, else (and
+    for cached prefill chunks, whose per-row offsets need a mask) "xla"; on other backends "xla".
+    An explicit "cudnn" on a backend without CUDA, or with float32 compute, raises a ValueError naming the
+    setting and the fix.
+    """
+    backend = jax.default_backend()
+    if setting == "cudnn":
+        if backend not in ("gpu", "cuda"):
+            raise ValueError(f"model.attention = 'cudnn' needs a CUDA GPU, but JAX runs on {backend!r}: use "
+                             "'auto' (ours on the CPU) or 'xla'")
+        if dtype not in ("bfloat16", "float16"):
+            raise ValueError(f"model.attention = 'cudnn' needs dtype bfloat16 or float16 (got {dtype!r}): set "
+                             "model.dtype = 'bfloat16', or use 'xla'")
+        return "cudnn"
+    if setting != "auto":
+        return setting
+    if backend == "cpu":
+        return "ours"
+    if backend in ("gpu", "cuda") and not cached and dtype in ("bfloat16", "float16") and head_dim % 8 == 0 \
+            and head_dim <= 128:
+        return "cudnn"
+    return "xla"
 
 
 def attention_rows(setting: int | None, batch: int, scores_per_row: int) -> int:

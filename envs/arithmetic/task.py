@@ -8,7 +8,7 @@ A problem of level (d, op) is two operands a, b of exactly d digits (a leading d
 d = 1), drawn from the example's seed:
 
     (w0, w1) = the two uint32 words of jax.random.fold_in(jax.random.PRNGKey(seed), level)
-               (one Threefry-2x32 block: key (0, seed), counter (0, level); `_threefry2x32`)
+               (one Threefry-2x32 block: key (0, seed), counter (0, level); `envs.prng.fold_in_words`)
     lo, span = (0, 10) if d == 1 else (10**(d-1), 9 * 10**(d-1))
     a = lo + w0 % span,  b = lo + w1 % span          (uint32 arithmetic; the modulo bias is < 2e-5)
     answer = a + b, a - b (negative when b > a) or a * b
@@ -25,6 +25,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from envs.prng import fold_in_words
 
 MAX_DIGITS = 4
 OPERATORS = ("+", "-", "x")
@@ -62,31 +64,10 @@ def level_of_name(name: str) -> int:
 # The draw
 # ----------------------------------------------------------------------------------------------------------
 
-_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
-_PARITY = 0x1BD11BDA
-
-
-def _threefry2x32(k0, k1, x0, x1):
-    """Threefry-2x32, 20 rounds, of the block (x0, x1) under the key (k0, k1); all uint32 (JAX's PRNG block).
-
-    Written out as uint32 ops so that XLA fuses it with the rest (the draw is bit for bit
-    `jax.random.fold_in(PRNGKey(seed), data)`; a test checks it)."""
-    ks = (k0, k1, k0 ^ k1 ^ jnp.uint32(_PARITY))
-    x0, x1 = x0 + ks[0], x1 + ks[1]
-    for i in range(5):
-        for r in _ROTATIONS[i % 2]:
-            x0 = x0 + x1
-            x1 = ((x1 << jnp.uint32(r)) | (x1 >> jnp.uint32(32 - r))) ^ x0
-        x0 = x0 + ks[(i + 1) % 3]
-        x1 = x1 + ks[(i + 2) % 3] + jnp.uint32(i + 1)
-    return x0, x1
-
 
 def draw_words(seed: jax.Array, level: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """uint32[] seed, int32[] level -> the two uint32[] words of fold_in(PRNGKey(seed), level)."""
-    seed = jnp.asarray(seed).astype(jnp.uint32)
-    level = jnp.asarray(level).astype(jnp.uint32)
-    return _threefry2x32(jnp.uint32(0), seed, jnp.uint32(0), level)
+    """uint32[] seed, int32[] level -> the two uint32[] words of fold_in(PRNGKey(seed), level) (`envs.prng`)."""
+    return fold_in_words(seed, level)
 
 
 _POW10 = np.array([10**i for i in range(MAX_DIGITS + 1)], np.int64)

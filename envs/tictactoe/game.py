@@ -57,6 +57,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from envs.prng import fold_in_words
+
+
 # ---------------------------------------------------------------------------------------------------
 # Constants (see docs/CONTRACTS.md)
 
@@ -328,36 +331,10 @@ def optimal_moves(board: jax.Array, player: jax.Array) -> jax.Array:
 # ---------------------------------------------------------------------------------------------------
 # Deterministic randomness and the opponent
 
-_THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
-_THREEFRY_PARITY = 0x1BD11BDA
-
-
-def _threefry2x32(k0: jax.Array, k1: jax.Array, x0: jax.Array, x1: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Threefry-2x32 (20 rounds) of the block (x0, x1) under key (k0, k1); all uint32.
-
-    The block function of JAX's default PRNG, written out as plain uint32 ops so XLA fuses it with
-    the game logic (JAX lowers its own as a rolled loop on CPU, which costs more than a whole step).
-    """
-    ks = (k0, k1, k0 ^ k1 ^ jnp.uint32(_THREEFRY_PARITY))
-    x0, x1 = x0 + ks[0], x1 + ks[1]
-    for i in range(5):
-        for r in _THREEFRY_ROTATIONS[i % 2]:
-            x0 = x0 + x1
-            x1 = ((x1 << jnp.uint32(r)) | (x1 >> jnp.uint32(32 - r))) ^ x0
-        x0 = x0 + ks[(i + 1) % 3]
-        x1 = x1 + ks[(i + 2) % 3] + jnp.uint32(i + 1)
-    return x0, x1
-
-
-def _draw(seed: jax.Array, data: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """uint32[] seed, uint32[] data -> the two uint32[] words of fold_in(PRNGKey(seed), data).
-
-    Bit for bit what jax.random.fold_in(jax.random.PRNGKey(seed), data) returns with JAX's default
-    threefry PRNG (a test checks it): PRNGKey(seed) is the key (0, seed) and fold_in hashes the
-    block (0, data) under it. One threefry block per draw.
-    """
-    data = jnp.asarray(data).astype(jnp.uint32)
-    return _threefry2x32(jnp.uint32(0), jnp.asarray(seed, jnp.uint32), jnp.uint32(0), data)
+# uint32[] seed, uint32[] data -> the two uint32[] words of fold_in(PRNGKey(seed), data): one Threefry
+# block per draw, written out as uint32 ops so XLA fuses it with the game logic (`envs.prng`; a test
+# checks it against jax.random.fold_in).
+_draw = fold_in_words
 
 
 def _move_data(xs: jax.Array, os: jax.Array) -> jax.Array:

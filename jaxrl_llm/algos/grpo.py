@@ -29,6 +29,7 @@ import optax
 from jaxrl_llm.algos.optim import global_norm
 from jaxrl_llm.checks import ConfigError, check_choice, check_float, check_int
 from jaxrl_llm.generate.sampler import NOT_IN_TOML
+from models import lora
 
 LOSS_TYPES = ("token-mean", "sequence-mean-token-mean", "dr-grpo")
 SCALE_REWARDS = ("group", "none")
@@ -325,12 +326,16 @@ def grpo_update_step(
     sampler_logprobs: jax.Array,
     rewards: jax.Array,
     key: jax.Array,
+    frozen=None,
 ):
     """One GRPO update (traceable; `make_grpo_update` jits it) -> (params, opt_state, metrics).
 
     tokens int32[B, L], loss_mask float32[B, L], sampler_logprobs float32[B, L] (the trajectory's
     `logprobs`), rewards float32[B] (groups of `group_size` consecutive rows), key: shuffling.
     ref_params: the frozen reference's params (used only when beta > 0; may be None otherwise).
+    frozen: None, or the frozen base of a LoRA policy (`models.lora`): params are then its adapters, the
+    policy is `lora.join(frozen, params, dropout key)` (one dropout key per micro-batch, drawn from the
+    pass key without changing the shuffle) and only the adapters get gradients and optimizer updates.
     Runs passes * num_minibatches optimizer steps; each minibatch's loss is `grpo_loss` over its rows (its
     own token count / row count as normalisers, shared by its micro-batches, so accumulation is exact).
     Metrics (scalars): loss, grad_norm (global norm before
@@ -363,29 +368,32 @@ def grpo_update_step(
         ref = jax.lax.map(lambda t: policy_logprobs(module, ref_params, t, config.temperature)[0], chunks)
         data["ref"] = jax.lax.stop_gradient(ref.reshape(batch, length))
 
-    def micro_loss(p, micro, token_count):
-        logp, ent = policy_logprobs(module, p, micro["tokens"], config.temperature, config.compute_entropy)
+    def micro_loss(p, micro, token_count, drop_key):
+        policy = p if frozen is None else lora.join(frozen, p, drop_key)
+        logp, ent = policy_logprobs(module, policy, micro["tokens"], config.temperature, config.compute_entropy)
         return _loss_and_sums(logp, micro["sampler"], micro.get("ref"), micro["adv"], micro["mask"], config,
                               token_count, mb_rows, ent)
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-    def minibatch_step(carry, mb):
+    def minibatch_step(carry, xs):
         p, o = carry
+        mb, mb_key = xs
         token_count = jnp.sum(mb["mask"])
         if n_acc == 1:
-            (loss, sums), grads = grad_fn(p, mb, token_count)
+            (loss, sums), grads = grad_fn(p, mb, token_count, mb_key)
         else:
             micros = jax.tree_util.tree_map(lambda x: x.reshape((n_acc, micro_rows) + x.shape[1:]), mb)
 
-            def accumulate(acc, micro):
-                (loss, sums), grads = grad_fn(p, micro, token_count)
+            def accumulate(acc, xs):
+                micro, micro_key = xs
+                (loss, sums), grads = grad_fn(p, micro, token_count, micro_key)
                 # Every micro-batch is normalised by the minibatch's totals: summing is the exact mean.
                 return jax.tree_util.tree_map(jnp.add, acc, (loss, sums, grads)), None
 
             zeros = (jnp.zeros((), jnp.float32), {k: jnp.zeros((), jnp.float32) for k in _SUM_KEYS},
                      jax.tree_util.tree_map(jnp.zeros_like, p))
-            (loss, sums, grads), _ = jax.lax.scan(accumulate, zeros, micros)
+            (loss, sums, grads), _ = jax.lax.scan(accumulate, zeros, (micros, jax.random.split(mb_key, n_acc)))
         grad_norm = global_norm(grads)
         updates, o = optimizer.update(grads, o, p)
         p = optax.apply_updates(p, updates)
@@ -401,7 +409,8 @@ def grpo_update_step(
         else:
             shuffled = data
         minibatches = jax.tree_util.tree_map(lambda x: x.reshape((n_mb, mb_rows) + x.shape[1:]), shuffled)
-        return jax.lax.scan(minibatch_step, carry, minibatches)
+        drop_keys = jax.random.split(jax.random.fold_in(pass_key, 1), n_mb)  # LoRA dropout (unused otherwise)
+        return jax.lax.scan(minibatch_step, carry, (minibatches, drop_keys))
 
     (params, opt_state), steps = jax.lax.scan(one_pass, (params, opt_state), jax.random.split(key, config.passes))
     metrics = {k: jnp.mean(v) for k, v in steps.items()}

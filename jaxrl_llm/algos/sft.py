@@ -32,6 +32,7 @@ import optax
 from jaxrl_llm.algos.optim import OptimConfig, global_norm, learning_rate_schedule, make_optimizer
 from jaxrl_llm.checks import ConfigError, EnvBound, check_choice, check_int
 from jaxrl_llm.data import sft_data
+from models import lora
 
 
 def _default_optim() -> OptimConfig:
@@ -186,17 +187,22 @@ def sft_loss(logits: jax.Array, tokens: jax.Array, loss_mask: jax.Array) -> tupl
 
 
 def make_sft_step(module, optimizer: optax.GradientTransformation) -> Callable:
-    """-> jitted step(params, opt_state, tokens int32[B, T], loss_mask f32[B, T]) -> (params, opt_state, metrics).
+    """-> jitted step(params, opt_state, tokens int32[B, T], loss_mask f32[B, T], frozen=None, dropout_key=None)
+    -> (params, opt_state, metrics).
 
     metrics: loss, accuracy, grad_norm (before clipping), tokens (masked targets in the batch); params and
-    opt_state are donated. `module.apply({"params": p}, tokens)` must return (logits[B, T, V], _)."""
+    opt_state are donated. `module.apply({"params": p}, tokens)` must return (logits[B, T, V], _).
+    frozen: None, or the frozen base of a LoRA policy (`models.lora`): params are then its adapters, the
+    model applies `lora.join(frozen, params, dropout_key)` and only the adapters are trained."""
 
-    def loss_fn(params, tokens, loss_mask):
-        logits, _ = module.apply({"params": params}, tokens)
+    def loss_fn(params, tokens, loss_mask, frozen, dropout_key):
+        policy = params if frozen is None else lora.join(frozen, params, dropout_key)
+        logits, _ = module.apply({"params": policy}, tokens)
         return sft_loss(logits, tokens, loss_mask)
 
-    def step(params, opt_state, tokens, loss_mask):
-        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, tokens, loss_mask)
+    def step(params, opt_state, tokens, loss_mask, frozen=None, dropout_key=None):
+        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, tokens, loss_mask, frozen,
+                                                                       dropout_key)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         metrics = {"loss": loss, "accuracy": aux["accuracy"], "grad_norm": global_norm(grads),
@@ -259,7 +265,8 @@ def _batch_indices(key: jax.Array, num_rows: int, batch_size: int, steps: int) -
 
 
 def train_sft(module, params, tokenizer, dataset, config: SftConfig, key: jax.Array,
-              callback: Callable[[int, dict], None] | None = None, check_rows=None) -> tuple[Any, list[dict]]:
+              callback: Callable[[int, dict], None] | None = None, check_rows=None,
+              frozen=None) -> tuple[Any, list[dict]]:
     """SFT for `config.steps` steps -> (params, history: one dict of floats per step).
 
     dataset: rows with prompt/completion (a `datasets.Dataset` or a list), tokenized with `tokenize_sft`
@@ -269,7 +276,9 @@ def train_sft(module, params, tokenizer, dataset, config: SftConfig, key: jax.Ar
     every check_every steps (and after the last) `teacher_forced_check` runs on those rows and adds
     check_exact and check_token_accuracy to that step's metrics; config.stop_when_exact ends training at
     the first check with every row exact. Check rows whose `info` names a `check_group` also give
-    check_exact_<group>, the exact rate of that group's rows (e.g. one per arithmetic level)."""
+    check_exact_<group>, the exact rate of that group's rows (e.g. one per arithmetic level).
+    frozen: None, or the frozen base of a LoRA policy: params are then its adapters (trained and
+    returned alone; dropout keys from `key`'s second split, the batch order is unchanged)."""
     if not isinstance(config, SftConfig):
         raise ValueError(f"config must be an SftConfig, got {type(config).__name__}")
     if config.steps < 1:
@@ -289,17 +298,20 @@ def train_sft(module, params, tokenizer, dataset, config: SftConfig, key: jax.Ar
     check_data = None
     if check_rows is not None and check_every > 0:
         check_data = tokenize_sft(tokenizer, check_rows, config.seq_len, overflow=config.overflow)
+    drop_root = jax.random.split(key)[1] if frozen is not None else None
     history = []
     for step in range(config.steps):
         idx = batches[step]
+        drop_key = None if frozen is None else jax.random.fold_in(drop_root, step)
         params, opt_state, metrics = step_fn(params, opt_state, jnp.asarray(data["tokens"][idx]),
-                                             jnp.asarray(data["loss_mask"][idx]))
+                                             jnp.asarray(data["loss_mask"][idx]), frozen, drop_key)
         record = {k: float(v) for k, v in jax.device_get(metrics).items()}
         record["learning_rate"] = float(schedule(step))
         record["epoch"] = (step + 1) * config.batch_size / num_rows
         exact = False
         if check_data is not None and ((step + 1) % check_every == 0 or step + 1 == config.steps):
-            result = teacher_forced_check(module, params, check_data)
+            result = teacher_forced_check(module, params if frozen is None else lora.join(frozen, params),
+                                          check_data)
             record["check_exact"], record["check_token_accuracy"] = result["exact"], result["token_accuracy"]
             record.update(check_group_exact(check_rows, result["exact_rows"]))
             exact = result["exact"] == 1.0

@@ -249,11 +249,12 @@ def export_policy(comp, params, config, folder: Path) -> list[str]:
 
     from models.hf import save_hf
     from jaxrl_llm.train import ENV_FILE, env_record
+    from jaxrl_llm.train.components import merged_params
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{folder.name}.export-", dir=folder.parent))
     try:
-        staged = Path(save_hf(comp.lfm2, params, stage / "export"))
+        staged = Path(save_hf(comp.lfm2, merged_params(comp, params), stage / "export"))  # LoRA: merged
         comp.tokenizer.save_pretrained(staged)
         (staged / ENV_FILE).write_text(json.dumps(env_record(config), indent=1) + "\n")
         folder.mkdir(exist_ok=True)

@@ -7,8 +7,8 @@ jitted program: the env's examples -> rollout -> group advantages -> optimizer p
 """
 
 from jaxrl_llm.train.components import (  # noqa: F401
-    ENV_FILE, Components, build, env_record, fresh_params, init_key, initial_policy, make_mesh, policy_params,
-    sft_dir, shard_params,
+    ENV_FILE, Components, base_params, build, env_record, fresh_params, fresh_trainable, init_key, initial_policy,
+    make_mesh, merged_params, policy_params, policy_view, sft_dir, shard_params, trainable_target,
 )
 from jaxrl_llm.train.evaluate import evaluate, exactness_check, summarize  # noqa: F401
 from jaxrl_llm.train.grpo_loop import (  # noqa: F401

@@ -21,6 +21,7 @@ from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.config import ExperimentConfig
 from jaxrl_llm.generate import sampler as sampling
 from jaxrl_llm.train.keys import stream
+from models import lora as lora_lib
 from models.lfm2 import Lfm2ForCausalLM, init_cache
 
 ENV_FILE = "jaxrl_llm_env.json"  # written next to an exported HF checkpoint: the env it was trained on
@@ -49,8 +50,14 @@ class Components:
     tokenizer: Any
     tables: text.TextTables
     lfm2: Any  # models.lfm2.Lfm2Config
-    module: Lfm2ForCausalLM
+    module: Any  # Lfm2ForCausalLM, or models.lora.LoraLfm2 around it when [lora] rank >= 1
     compiled: dict = dataclasses.field(default_factory=dict)  # jitted programs, built on first use
+    base: Any = dataclasses.field(default=None, repr=False)  # LoRA: the frozen base, loaded once (`base_params`)
+
+    @property
+    def lora(self) -> lora_lib.LoraConfig | None:
+        """The LoRA settings when adapters are trained ([lora] rank >= 1), else None (full fine-tuning)."""
+        return self.config.lora if self.config.lora.enabled else None
 
     @property
     def model_fn(self) -> sampling.ModelFn:
@@ -86,7 +93,15 @@ def build(config: ExperimentConfig) -> Components:
             f"model.vocab_size={len(tokenizer)}) or use the tokenizer the model was made for", ("model", "vocab_size"))
     tables = text.tables_for_env(tokenizer, env)
     check_context_lengths(config, tables)
-    return Components(config, env, tokenizer, tables, lfm2, Lfm2ForCausalLM(lfm2))
+    module = Lfm2ForCausalLM(lfm2)
+    if config.lora.enabled:
+        shapes = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32))["params"])
+        try:
+            lora_lib.adapter_paths(config.lora, shapes)
+        except ValueError as e:
+            raise ConfigError(str(e), ("lora", "targets")) from None
+        module = lora_lib.LoraLfm2(module, config.lora)
+    return Components(config, env, tokenizer, tables, lfm2, module)
 
 
 def check_context_lengths(config: ExperimentConfig, tables: text.TextTables) -> None:
@@ -130,6 +145,55 @@ def init_key(config: ExperimentConfig) -> jax.Array:
     return stream(config.run.seed, "init")
 
 
+# ---- what is trained: the whole model, or (LoRA) adapters on a frozen base ----
+# "trainable" params are what the optimizer updates and the checkpoints hold: the model's params, or with
+# [lora] rank >= 1 the adapters alone. "policy" params are what `comp.module` applies: the same tree, or
+# with LoRA `lora.join(base, adapters)` (a plain base tree there: adapters off).
+
+
+def base_params(comp: Components, mesh=None):
+    """LoRA's frozen base (`fresh_params`: model.init_from, or the seeded random init), loaded on first use
+    and kept on `comp`, so the policy, the KL reference, SFT and GRPO share one copy; placed on `mesh`."""
+    if comp.base is None:
+        comp.base = fresh_params(comp, init_key(comp.config))
+    if mesh is not None:
+        comp.base = shard_params(comp, comp.base, mesh)
+    return comp.base
+
+
+def fresh_trainable(comp: Components):
+    """The initial trainable params: fresh adapters (stream "lora"; B = 0, so the policy is the base) with
+    LoRA, else `fresh_params`."""
+    if comp.lora is None:
+        return fresh_params(comp, init_key(comp.config))
+    shapes = jax.eval_shape(lambda: fresh_params(comp, init_key(comp.config)))
+    return lora_lib.init_adapters(comp.lora, shapes, stream(comp.config.run.seed, "lora"))
+
+
+def trainable_target(comp: Components):
+    """ShapeDtypeStructs of the trainable params (the `params` a checkpoint holds)."""
+    return jax.eval_shape(lambda: fresh_trainable(comp))
+
+
+def policy_view(comp: Components, trainable):
+    """The params `comp.module` applies for these trainable params (LoRA: joined to the base; no copy)."""
+    return trainable if comp.lora is None else lora_lib.join(base_params(comp), trainable)
+
+
+def merged_params(comp: Components, params):
+    """A plain Lfm2 params tree of policy params: LoRA adapters folded into the base (`lora.merge`)."""
+    return lora_lib.merge(comp.lora, params) if lora_lib.is_joined(params) else params
+
+
+def replicate(params, mesh):
+    """params replicated on every device of `mesh` (LoRA adapters); unchanged without a mesh."""
+    if mesh is None:
+        return params
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
+
+
 def make_mesh(config: ExperimentConfig):
     """The device mesh of `config.mesh` (axes `data`, `fsdp`); None on a single device."""
     devices = jax.devices()
@@ -155,16 +219,22 @@ def sft_dir(config: ExperimentConfig) -> Path:
     return Path(config.run.output_dir) / "sft"
 
 
-def initial_policy(comp: Components):
-    """The params GRPO starts from: the SFT checkpoint of this run when there is one, else `fresh_params`."""
+def sft_trainable(comp: Components):
+    """The trainable params of this run's SFT checkpoint, or None when there is none."""
     folder = sft_dir(comp.config)
-    key = init_key(comp.config)
     if folder.is_dir():
         with Checkpointer(folder, read_only=True) as ckpt:
             if ckpt.latest_step() is not None:
-                target = jax.eval_shape(lambda: fresh_params(comp, key))
-                return ckpt.restore_newest_good(target, expect_config=comp.config, subtree="params")[1]
-    return fresh_params(comp, key)
+                return ckpt.restore_newest_good(trainable_target(comp), expect_config=comp.config,
+                                                subtree="params")[1]
+    return None
+
+
+def initial_policy(comp: Components):
+    """The trainable params GRPO starts from: the SFT checkpoint of this run when there is one, else
+    `fresh_trainable` (the model's params, or with LoRA the adapters)."""
+    params = sft_trainable(comp)
+    return fresh_trainable(comp) if params is None else params
 
 
 def env_record(config: ExperimentConfig) -> dict[str, Any]:
@@ -265,16 +335,17 @@ def policy_params(config: ExperimentConfig, comp: Components, checkpoint: str | 
     Face folder with config.json + safetensors such as `jaxrl-llm export` writes; a folder that holds
     neither is an error), else the run's latest GRPO checkpoint, else its SFT checkpoint, else
     `model.init_from` (a Hugging Face folder), else a fresh init (with a warning). A damaged newest step
-    falls back to the newest good one with a warning naming both."""
-    target = jax.eval_shape(lambda: fresh_params(comp, init_key(config)))
+    falls back to the newest good one with a warning naming both. Returns policy params (`policy_view`:
+    with LoRA the base joined with the checkpoint's adapters; an HF folder is a whole, merged model)."""
+    target = trainable_target(comp)
     if checkpoint:
         if (Path(checkpoint) / "config.json").is_file():
-            return _hf_params(comp, checkpoint, target)
+            return _hf_params(comp, checkpoint, jax.eval_shape(lambda: fresh_params(comp, init_key(config))))
         check_checkpoint(config, checkpoint)
         with Checkpointer(checkpoint, read_only=True) as ckpt:
             step, params = ckpt.restore_newest_good(target, expect_config=config, subtree="params")
             print(f"params from {checkpoint} (step {step})")
-            return params
+            return policy_view(comp, params)
     candidates = [config.checkpoint_dir(), str(sft_dir(config))]
     for folder in candidates:
         if not Path(folder).is_dir():
@@ -283,9 +354,9 @@ def policy_params(config: ExperimentConfig, comp: Components, checkpoint: str | 
             if ckpt.latest_step() is not None:
                 step, params = ckpt.restore_newest_good(target, expect_config=config, subtree="params")
                 print(f"params from {folder} (step {step})")
-                return params
+                return policy_view(comp, params)
     if config.model.init_from is not None:
         print(f"no checkpoint in {', '.join(map(str, candidates))}: params from model.init_from = {config.model.init_from}")
     else:
         print("warning: no checkpoint found: using freshly initialised params")
-    return fresh_params(comp, init_key(config))
+    return base_params(comp) if comp.lora is not None else fresh_params(comp, init_key(config))

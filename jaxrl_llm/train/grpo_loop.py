@@ -22,8 +22,9 @@ from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.config import ExperimentConfig
 from jaxrl_llm.metrics import MetricsWriter, Progress, read_metrics
 from jaxrl_llm.rollout import Trajectory, games_text, make_rollout, model_policy, rollout, write_games_jsonl
-from jaxrl_llm.train.components import (Components, build, fresh_params, init_key, initial_policy, kill_point,
-                                        make_mesh, shard_params)
+from jaxrl_llm.train.components import (Components, base_params, build, initial_policy, kill_point, make_mesh,
+                                        policy_view, replicate, sft_trainable, shard_params, trainable_target)
+from models import lora
 from jaxrl_llm.train.evaluate import GENERIC_SUMMARY, evaluate
 from jaxrl_llm.train.keys import stream
 
@@ -52,12 +53,14 @@ def rollout_metrics(traj: Trajectory) -> dict[str, jax.Array]:
 
 
 def make_grpo_step(comp: Components, stage: int, mesh=None):
-    """`step(params, opt_state, ref_params, key) -> (params, opt_state, metrics, trajectory)`, one `jit`.
+    """`step(params, opt_state, ref_params, key, frozen=None) -> (params, opt_state, metrics, trajectory)`,
+    one `jit`.
 
     Inside: the stage's examples from the env's curriculum (`num_prompts` x `group_size` games), the
     rollout, group advantages and `passes` x `num_minibatches` optimizer steps. params and opt_state are
     donated. With a mesh, the games are sharded over all its devices (the batch over data x fsdp) and the
-    params as they are placed (`shard_params`); XLA inserts the collectives.
+    params as they are placed (`shard_params`); XLA inserts the collectives. LoRA: params are the adapters
+    and frozen the base (not donated); the games are played by `lora.join(frozen, params)`.
     """
     s = comp.config.grpo[stage]
     gcfg = s.grpo_config()
@@ -65,7 +68,7 @@ def make_grpo_step(comp: Components, stage: int, mesh=None):
     sconf = comp.sampling_config(s.sampling)
     env, model_fn = comp.env, comp.model_fn
 
-    def step(params, opt_state, ref_params, key):
+    def step(params, opt_state, ref_params, key, frozen=None):
         k_examples, k_rollout, k_update = jax.random.split(key, 3)
         examples = env.sample_examples(k_examples, s.num_prompts, s.group_size, s.curriculum)
         if mesh is not None:
@@ -73,12 +76,13 @@ def make_grpo_step(comp: Components, stage: int, mesh=None):
 
             rows = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
             examples = jax.tree_util.tree_map(lambda x: jax.lax.with_sharding_constraint(x, rows), examples)
-        policy = model_policy(model_fn, params, sconf)
-        traj = rollout(env, policy, model_fn, params, comp.init_cache, comp.tables, examples, k_rollout, s.rollout,
+        playing = params if frozen is None else lora.join(frozen, params)
+        policy = model_policy(model_fn, playing, sconf)
+        traj = rollout(env, policy, model_fn, playing, comp.init_cache, comp.tables, examples, k_rollout, s.rollout,
                        sconf)
         params, opt_state, metrics = grpo_update_step(
             comp.module, optimizer, gcfg, params, opt_state, ref_params,
-            traj.tokens, traj.loss_mask, traj.logprobs, traj.reward, k_update,
+            traj.tokens, traj.loss_mask, traj.logprobs, traj.reward, k_update, frozen=frozen,
         )
         metrics.update(rollout_metrics(traj))
         metrics.update({k: jnp.asarray(v, jnp.float32) for k, v in env.example_metrics(examples).items()})
@@ -150,7 +154,8 @@ def refuse_existing_run(config: ExperimentConfig, ckpt: Checkpointer) -> None:
 
 def train_grpo(config: ExperimentConfig, comp: Components | None = None, stop_after: int | None = None,
                log=print) -> dict[str, Any]:
-    """Runs (or resumes) every GRPO stage of `config`; returns {"params", "step", "metrics_path"}.
+    """Runs (or resumes) every GRPO stage of `config`; returns {"params" (policy params:
+    `components.policy_view`), "step", "metrics_path"}.
 
     Checkpoints go to `config.checkpoint_dir()` every `checkpoint.every_steps` steps and at the end of each
     stage; metrics to `<run.output_dir>/metrics.jsonl`, one JSON object per step; every
@@ -178,7 +183,7 @@ def _train_grpo_locked(config: ExperimentConfig, comp: Components | None, stop_a
         if not config.checkpoint.resume:
             refuse_existing_run(config, ckpt)
         latest = ckpt.latest_step() if config.checkpoint.resume else None
-        params_target = jax.eval_shape(lambda: fresh_params(comp, init_key(config)))
+        params_target = trainable_target(comp)
         step = 0
         opt_state = None
         if latest is not None:
@@ -203,8 +208,16 @@ def _train_grpo_locked(config: ExperimentConfig, comp: Components | None, stop_a
         else:
             params = initial_policy(comp)
         mesh = make_mesh(config)
-        params = shard_params(comp, params, mesh)
-        ref_params = shard_params(comp, initial_policy(comp), mesh)
+        if comp.lora is None:
+            frozen = None
+            params = shard_params(comp, params, mesh)
+            ref_params = shard_params(comp, initial_policy(comp), mesh)
+        else:  # one frozen base: the policy is base + adapters; the KL reference is the base with the adapters
+            # off, or base + the SFT adapters when GRPO starts from them (as the full model's reference is SFT's)
+            frozen = base_params(comp, mesh)
+            params = replicate(params, mesh)
+            start = sft_trainable(comp)
+            ref_params = frozen if start is None else lora.join(frozen, replicate(start, mesh))
         writer = MetricsWriter(out / "metrics.jsonl", resume_step=step)
         if (out / "eval_metrics.jsonl").exists():  # evaluations after the resumed step are redone
             MetricsWriter(out / "eval_metrics.jsonl", resume_step=step).close()
@@ -224,7 +237,7 @@ def _train_grpo_locked(config: ExperimentConfig, comp: Components | None, stop_a
             while step < min(stage_end, stop):
                 t0 = time.perf_counter()
                 params, opt_state, metrics, traj = step_fn(params, opt_state, ref,
-                                                           stream(config.run.seed, "grpo", step))
+                                                           stream(config.run.seed, "grpo", step), frozen)
                 metrics = jax.device_get(metrics)
                 kill_point("grpo_step", step + 1)
                 dt = time.perf_counter() - t0
@@ -241,7 +254,7 @@ def _train_grpo_locked(config: ExperimentConfig, comp: Components | None, stop_a
                 if config.run.sample_every and step % config.run.sample_every == 0:
                     write_samples(out / "samples" / f"step_{step:06d}", comp, traj, min(4, s.batch_size))
                 if config.eval.every_steps and step % config.eval.every_steps == 0:
-                    results = evaluate(comp, params)
+                    results = evaluate(comp, policy_view(comp, params))
                     kill_point("eval", step)
                     with MetricsWriter(out / "eval_metrics.jsonl", resume_step=step - 1) as evals:
                         evals.write(step, {f"{name}_{k}": v for name, r in results.items() for k, v in r.items()})
@@ -260,6 +273,6 @@ def _train_grpo_locked(config: ExperimentConfig, comp: Components | None, stop_a
         progress.close()
         writer.close()
         ckpt.wait()
-        return {"params": params, "step": step, "metrics_path": str(out / "metrics.jsonl")}
+        return {"params": policy_view(comp, params), "step": step, "metrics_path": str(out / "metrics.jsonl")}
     finally:
         ckpt.close()

@@ -5,8 +5,9 @@
     sft_batches  the order of SFT batches
     grpo         GRPO step s draws its examples, rollouts and shuffles from fold_in(stream, s)
     eval         evaluation: setting i draws from fold_in(stream, i)
+    lora         the initial LoRA adapters (A; B starts at zero), with [lora] rank >= 1
 
-The stream ids are fixed numbers (init 10**9, sft_data 1, sft_batches 2, grpo 3) so that a run is the same
+The stream ids are fixed numbers (init 10**9, sft_data 1, sft_batches 2, grpo 3, lora 4) so that a run is the same
 function of its seed in every version; eval is PRNGKey(seed + 7) (the key the committed results used).
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import jax
 
-STREAMS = {"init": 10**9, "sft_data": 1, "sft_batches": 2, "grpo": 3}
+STREAMS = {"init": 10**9, "sft_data": 1, "sft_batches": 2, "grpo": 3, "lora": 4}
 
 
 def stream(seed: int, name: str, index: int | None = None) -> jax.Array:

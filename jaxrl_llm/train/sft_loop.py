@@ -10,7 +10,8 @@ import jax
 from jaxrl_llm.checkpoint import Checkpointer, RunLock
 from jaxrl_llm.config import ExperimentConfig
 from jaxrl_llm.metrics import MetricsWriter, Progress
-from jaxrl_llm.train.components import Components, build, fresh_params, init_key, initial_policy, kill_point, sft_dir
+from jaxrl_llm.train.components import (Components, base_params, build, fresh_trainable, initial_policy, kill_point,
+                                        policy_view, sft_dir)
 from jaxrl_llm.train.keys import stream
 
 
@@ -39,6 +40,8 @@ def run_sft(config: ExperimentConfig, comp: Components | None = None, log=print,
     Skipped (its params returned) when that checkpoint exists already; `sft.steps = 0` returns the fresh params.
     SFT has no checkpoint before its end: a run killed during SFT does it again from the start (the same
     steps, so the same metrics). One trainer per output folder (`checkpoint.RunLock`).
+    With LoRA ([lora] rank >= 1) only the adapters are trained and saved; the frozen base is `base_params`.
+    Returns policy params (`components.policy_view`).
     """
     with RunLock(config.run.output_dir, log=log):
         return _run_sft_locked(config, comp, log, dataset)
@@ -53,11 +56,11 @@ def _run_sft_locked(config: ExperimentConfig, comp: Components | None, log, data
         with Checkpointer(folder, read_only=True) as ckpt:
             if ckpt.latest_step() is not None:
                 log(f"SFT checkpoint found in {folder}: skipping SFT")
-                return initial_policy(comp)
-    params = fresh_params(comp, init_key(config))
+                return policy_view(comp, initial_policy(comp))
+    params = fresh_trainable(comp)
     c = config.sft
     if c.steps == 0:
-        return params
+        return policy_view(comp, params)
     out = Path(config.run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     dataset = sft_rows(config, comp, log) if dataset is None else dataset
@@ -73,8 +76,10 @@ def _run_sft_locked(config: ExperimentConfig, comp: Components | None, log, data
                 "(teacher-forced, greedy)")
 
     check_rows = comp.env.check_rows(c.teacher, comp.env.params) if c.check_every else None
+    frozen = base_params(comp) if comp.lora is not None else None
     params, history = sft.train_sft(comp.module, params, comp.tokenizer, dataset, c,
-                                    stream(config.run.seed, "sft_batches"), callback, check_rows=check_rows)
+                                    stream(config.run.seed, "sft_batches"), callback, check_rows=check_rows,
+                                    frozen=frozen)
     progress.close()
     writer.close()
     if check_rows is not None:
@@ -83,4 +88,4 @@ def _run_sft_locked(config: ExperimentConfig, comp: Components | None, log, data
             f"{100 * last['check_exact']:.2f} % exact, token accuracy {100 * last['check_token_accuracy']:.3f} %")
     with Checkpointer(folder, keep=1, async_save=False) as ckpt:
         ckpt.save(len(history), {"params": params}, config=config)
-    return params
+    return policy_view(comp, params)

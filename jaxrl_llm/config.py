@@ -578,14 +578,27 @@ class MeshSection(_Section):
 @dataclasses.dataclass(frozen=True)
 class RunSection(_Section):
     """The run: `output_dir` (metrics, checkpoints, plots), `seed`, a metrics line every `log_every`
-    steps and a printed sample game every `sample_every` steps (0 = never)."""
+    steps and a printed sample game every `sample_every` steps (0 = never); `log`: where metrics go,
+    "jsonl" (always written) and optionally "tensorboard" (tensorboardX, `<output_dir>/tensorboard`) and
+    "wandb" (offline unless WANDB_MODE says otherwise), see `jaxrl_llm.log_sinks`."""
 
     output_dir: str = "runs/default"
     seed: int = 0
     log_every: int = 1
     sample_every: int = 0
+    log: tuple[str, ...] = ("jsonl",)
 
     def _validate(self) -> None:
+        from jaxrl_llm.log_sinks import LOG_SINKS
+
+        if isinstance(self.log, str) or not isinstance(self.log, (list, tuple)):
+            raise ConfigError(f"expected an array of names from {list(LOG_SINKS)}, got {self.log!r}", ("log",),
+                              type(self).__name__)
+        object.__setattr__(self, "log", tuple(self.log))
+        for i, name in enumerate(self.log):
+            if name not in LOG_SINKS:
+                raise ConfigError(f"unknown log {name!r}: use any of {list(LOG_SINKS)} (e.g. [\"jsonl\", "
+                                  "\"tensorboard\"])", ("log", i), type(self).__name__)
         check_int(self, "log_every", 1)
         check_int(self, "seed", 0, 2**63 - 1)
         check_int(self, "sample_every", 0)

@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Sequence, TextIO
 
 import numpy as np
 
@@ -100,8 +100,10 @@ class MetricsWriter:
     are removed, and new lines are appended.
     """
 
-    def __init__(self, path: str | os.PathLike, resume_step: int | None = None):
+    def __init__(self, path: str | os.PathLike, resume_step: int | None = None, sinks: Sequence = (),
+                 group: str = "metrics"):
         self.path = Path(path)
+        self.sinks, self.group = tuple(sinks), group  # `log_sinks`: each row's scalars also go there
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is None:
             kept: list[dict[str, Any]] = []
@@ -127,6 +129,12 @@ class MetricsWriter:
             self._file.flush()
         except OSError as e:  # disk full, ...: name the file (Python's own message does not)
             raise OSError(e.errno, f"cannot write metrics to {str(self.path)!r}: {e.strerror or e}", str(self.path)) from None
+        if self.sinks:
+            from jaxrl_llm.log_sinks import scalars
+
+            values = scalars(row)
+            for sink in self.sinks:
+                sink.scalars(self.group, int(step), values)
         return row
 
     def close(self) -> None:

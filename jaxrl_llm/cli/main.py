@@ -72,12 +72,28 @@ def cmd_sft(args) -> int:
 def cmd_train(args) -> int:
     from jaxrl_llm.train import train_grpo
 
+    if args.plan:  # planning needs no checkpoint on disk: init_from may be a folder not downloaded yet
+        from jaxrl_llm.config import load_config
+
+        return print_plan(load_config(args.config, args.set or (), check_paths=False))
     if args.distributed:
         import jax
 
         jax.distributed.initialize()  # multi-host: coordinator and process ids from the cluster's environment
     result = train_grpo(_load(args), stop_after=args.stop_after)
     print(f"GRPO done at step {result['step']}; metrics in {result['metrics_path']}")
+    return 0
+
+
+def print_plan(config) -> int:
+    """`train --plan`: `memory_plan.plan` as a table, then the compiled peak of a scaled-down update."""
+    from jaxrl_llm.memory_plan import GIB, compiled_peak, format_plan, plan
+
+    print(format_plan(plan(config)))
+    peak = compiled_peak(config)
+    print(f"compiled GRPO update on {__import__('jax').default_backend()} ({peak['shape']}): peak "
+          f"{peak['peak_bytes'] / GIB:.3f} GiB (arguments {peak['argument_bytes'] / GIB:.3f}, temporaries "
+          f"{peak['temp_bytes'] / GIB:.3f})")
     return 0
 
 
@@ -322,6 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     train = with_config("train", "GRPO stages (resumes from the last checkpoint)", cmd_train)
     train.add_argument("--stop-after", type=_positive_int, default=None, help="stop after this many global steps")
     train.add_argument("--distributed", action="store_true", help="call jax.distributed.initialize() first (multi-host)")
+    train.add_argument("--plan", action="store_true",
+                       help="print the device-memory plan of the preset's GRPO stages and XLA's peak for a "
+                            "scaled-down update compiled here, then exit without training")
     ev = with_config("eval", "the env's metrics in each of its evaluation settings", cmd_eval)
     ev.add_argument("--checkpoint", default=None, help="an Orbax checkpoint folder or a Hugging Face folder (default: the run's latest)")
     ev.add_argument("--games", default=None, help="JSONL file for the games (default <output_dir>/eval_games.jsonl)")

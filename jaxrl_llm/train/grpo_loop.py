@@ -20,6 +20,7 @@ from jaxrl_llm.algos.optim import learning_rate_schedule, make_optimizer
 from jaxrl_llm.checkpoint import Checkpointer, RunExistsError, RunLock
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.config import ExperimentConfig
+from jaxrl_llm.log_sinks import close_sinks, open_sinks
 from jaxrl_llm.metrics import MetricsWriter, Progress, read_metrics
 from jaxrl_llm.rollout import Trajectory, games_text, make_rollout, model_policy, rollout, write_games_jsonl
 from jaxrl_llm.train.components import (Components, base_params, build, initial_policy, kill_point, make_mesh,
@@ -91,6 +92,22 @@ def make_grpo_step(comp: Components, stage: int, mesh=None):
     return jax.jit(step, donate_argnums=(0, 1)), optimizer
 
 
+def placed_like_outputs(tree, mesh=None):
+    """`tree` (e.g. a fresh `optimizer.init(params)` or a restored optimizer state) with every leaf committed
+    to a device, as the jitted step's outputs are: the uncommitted ones (optax's int32 step counts, made by
+    `jnp.zeros` outside any jit) are put on the default device, or replicated over `mesh`.
+
+    Why: jit keys its cache on each argument's placement, and an uncommitted array is a different key from
+    a committed one. The step's outputs are committed, so without this the second call of every stage
+    compiled the whole step again (with an SFT start or a resumed run, whose params are committed).
+    """
+    from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+
+    target = SingleDeviceSharding(jax.devices()[0]) if mesh is None else NamedSharding(mesh, PartitionSpec())
+    return jax.tree_util.tree_map(
+        lambda x: x if not isinstance(x, jax.Array) or x.committed else jax.device_put(x, target), tree)
+
+
 def time_stage_rollout(comp: Components, stage: int, params, key: jax.Array, repeats: int = 2) -> float:
     """Seconds for the rollout alone of one step of GRPO stage `stage` (its batch, its settings; compiled
     first, best of `repeats`): with the stage's step_time it splits a GRPO step into rollout and update."""
@@ -116,10 +133,14 @@ def games_played(config: ExperimentConfig, global_step: int) -> int:
     return played
 
 
-def write_samples(stem: Path, comp: Components, traj: Trajectory, count: int) -> None:
-    """The first `count` games of a batch as JSONL (`stem.jsonl`) and as readable text (`stem.txt`)."""
+def write_samples(stem: Path, comp: Components, traj: Trajectory, count: int, sinks=(), step: int = 0) -> None:
+    """The first `count` games of a batch as JSONL (`stem.jsonl`) and as readable text (`stem.txt`; also
+    to each log sink as text `samples` at `step`)."""
     write_games_jsonl(stem.with_suffix(".jsonl"), comp.env, comp.tokenizer, traj, range(count))
-    stem.with_suffix(".txt").write_text(games_text(comp.env, comp.tokenizer, traj, count), encoding="utf-8")
+    text = games_text(comp.env, comp.tokenizer, traj, count)
+    stem.with_suffix(".txt").write_text(text, encoding="utf-8")
+    for sink in sinks:
+        sink.text("samples", step, text)
 
 
 def global_stage(config: ExperimentConfig, global_step: int) -> tuple[int, int]:
@@ -218,7 +239,9 @@ def _train_grpo_locked(config: ExperimentConfig, comp: Components | None, stop_a
             params = replicate(params, mesh)
             start = sft_trainable(comp)
             ref_params = frozen if start is None else lora.join(frozen, replicate(start, mesh))
-        writer = MetricsWriter(out / "metrics.jsonl", resume_step=step)
+        params = placed_like_outputs(params, mesh)
+        sinks = open_sinks(config.run.log, out, log)
+        writer = MetricsWriter(out / "metrics.jsonl", resume_step=step, sinks=sinks, group="grpo")
         if (out / "eval_metrics.jsonl").exists():  # evaluations after the resumed step are redone
             MetricsWriter(out / "eval_metrics.jsonl", resume_step=step).close()
         keys = progress_keys(comp)
@@ -231,6 +254,7 @@ def _train_grpo_locked(config: ExperimentConfig, comp: Components | None, stop_a
             step_fn, optimizer = make_grpo_step(comp, stage, mesh)
             if opt_state is None or done_in_stage == 0:
                 opt_state = optimizer.init(params)
+            opt_state = placed_like_outputs(opt_state, mesh)  # else the stage's second step compiles again
             ref = ref_params if s.loss.beta > 0 else None
             schedule = learning_rate_schedule(s.optim_config())
             stage_end = step - done_in_stage + s.steps
@@ -252,11 +276,12 @@ def _train_grpo_locked(config: ExperimentConfig, comp: Components | None, stop_a
                 writer.write(step, record)
                 progress.update(**{k: record[k] for k in keys if k in record})
                 if config.run.sample_every and step % config.run.sample_every == 0:
-                    write_samples(out / "samples" / f"step_{step:06d}", comp, traj, min(4, s.batch_size))
+                    write_samples(out / "samples" / f"step_{step:06d}", comp, traj, min(4, s.batch_size), sinks, step)
                 if config.eval.every_steps and step % config.eval.every_steps == 0:
                     results = evaluate(comp, policy_view(comp, params))
                     kill_point("eval", step)
-                    with MetricsWriter(out / "eval_metrics.jsonl", resume_step=step - 1) as evals:
+                    with MetricsWriter(out / "eval_metrics.jsonl", resume_step=step - 1, sinks=sinks,
+                                       group="eval") as evals:
                         evals.write(step, {f"{name}_{k}": v for name, r in results.items() for k, v in r.items()})
                 every = config.checkpoint.every_steps
                 if (every and step % every == 0) or step == stage_end or step == stop:
@@ -272,6 +297,7 @@ def _train_grpo_locked(config: ExperimentConfig, comp: Components | None, stop_a
                 opt_state = None
         progress.close()
         writer.close()
+        close_sinks(sinks)
         ckpt.wait()
         return {"params": policy_view(comp, params), "step": step, "metrics_path": str(out / "metrics.jsonl")}
     finally:

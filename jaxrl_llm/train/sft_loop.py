@@ -9,6 +9,7 @@ import jax
 
 from jaxrl_llm.checkpoint import Checkpointer, RunLock
 from jaxrl_llm.config import ExperimentConfig
+from jaxrl_llm.log_sinks import close_sinks, open_sinks
 from jaxrl_llm.metrics import MetricsWriter, Progress
 from jaxrl_llm.train.components import (Components, base_params, build, fresh_trainable, initial_policy, kill_point,
                                         policy_view, sft_dir)
@@ -64,7 +65,8 @@ def _run_sft_locked(config: ExperimentConfig, comp: Components | None, log, data
     out = Path(config.run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     dataset = sft_rows(config, comp, log) if dataset is None else dataset
-    writer = MetricsWriter(out / "sft_metrics.jsonl")
+    sinks = open_sinks(config.run.log, out, log)
+    writer = MetricsWriter(out / "sft_metrics.jsonl", sinks=sinks, group="sft")
     progress = Progress(c.steps, "sft", keys=("loss", "accuracy"))
 
     def callback(step, record):
@@ -82,6 +84,7 @@ def _run_sft_locked(config: ExperimentConfig, comp: Components | None, log, data
                                     frozen=frozen)
     progress.close()
     writer.close()
+    close_sinks(sinks)
     if check_rows is not None:
         last = history[-1]
         log(f"SFT: {len(history)} steps; teacher-forced check on {len(check_rows)} conversations: "

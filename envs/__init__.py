@@ -5,7 +5,8 @@
     envs.register("my_env", MyEnv)                   # any Env subclass, then envs.make("my_env", ...)
 
 The protocol is `envs.core` (read its docstring); built-in environments: tictactoe (multi-turn game vs a minimax
-opponent), arithmetic (single-turn problems with a verifiable integer answer).
+opponent), arithmetic (single-turn problems with a verifiable integer answer),
+connect_four (multi-turn game vs a depth-limited search opponent).
 """
 
 from envs.core import (  # noqa: F401
@@ -15,3 +16,4 @@ from envs.core import (  # noqa: F401
 
 register("tictactoe", "envs.tictactoe.env:TicTacToe")
 register("arithmetic", "envs.arithmetic.env:Arithmetic")
+register("connect_four", "envs.connect_four.env:ConnectFour")

@@ -45,10 +45,47 @@ LAYER_TYPES = (CONV, ATTENTION)
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 _DEFAULT_THETA = 1_000_000.0
 _MASKED = float(np.finfo(np.float32).min)  # score of a masked key (finite: no NaN in empty rows)
-# Automatic attention row blocks (CPU): the float32 scores of one group of rows stay under this size.
-# Measured on a 2-core EPYC (2 MB L2, 32 MB L3): a [256, 2, 168, 1024] prefill block is 4.5x faster in
-# groups of 4 rows (5 MB) than in one op (336 MB); a [16, 2, 768, 384] full forward 4.8x in groups of 2.
-ATTENTION_BLOCK_BYTES = 6 * 2**20
+
+
+def cpu_cache_bytes(level: int, cpu: int = 0) -> int | None:
+    """Size in bytes of the data (or unified) cache of `level` (1, 2, 3) seen by CPU `cpu`, from
+    /sys/devices/system/cpu/cpu<cpu>/cache (Linux), else `os.sysconf` (glibc); None where neither says."""
+    root = f"/sys/devices/system/cpu/cpu{cpu}/cache"
+    try:
+        for index in sorted(os.listdir(root)):
+            read = lambda name: open(os.path.join(root, index, name)).read().strip()  # noqa: E731
+            if index.startswith("index") and int(read("level")) == level and read("type") in ("Data", "Unified"):
+                size = read("size").upper()
+                scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(size[-1:], 1)
+                return int(size.rstrip("KMG")) * scale
+    except (OSError, ValueError):
+        pass
+    try:
+        size = os.sysconf({1: "SC_LEVEL1_DCACHE_SIZE", 2: "SC_LEVEL2_CACHE_SIZE", 3: "SC_LEVEL3_CACHE_SIZE"}[level])
+        return int(size) if size and size > 0 else None
+    except (KeyError, ValueError, OSError):
+        return None
+
+
+def attention_block_bytes(last_level_cache: int | None) -> int:
+    """The float32 score bytes of one automatic attention row group (CPU), from the last-level cache size.
+
+    Rule: 3/16 of the last-level cache, between 1 MiB and 6 MiB (4 MiB when the size is unknown). A score
+    block is written once and read about four times (max, exp, sum, the value product) next to its
+    queries, keys, values and output, and the L3 is shared with the other cores' work, so a fraction of it
+    keeps the block resident. Measured on a 2-core EPYC (512 KiB L2 per core, 32 MiB L3, giving 6 MiB): a
+    [256, 2, 168, 1024] prefill block is 4.5x faster in groups of 4 rows (5 MB) than in one op (336 MB), a
+    [16, 2, 768, 384] full forward 4.8x in groups of 2. The 6 MiB cap: a VM's share of a large server L3
+    is unknown, and a smaller block only costs loop steps, while one past the cache costs the 4.5x.
+    """
+    if not last_level_cache:
+        return 4 * 2**20
+    return int(min(max(last_level_cache * 3 // 16, 2**20), 6 * 2**20))
+
+
+# Automatic attention row blocks (CPU): the float32 scores of one group of rows stay under this size
+# (`attention_block_bytes` of this machine's last-level cache, read once at import).
+ATTENTION_BLOCK_BYTES = attention_block_bytes(cpu_cache_bytes(3) or cpu_cache_bytes(2))
 ATTENTION_IMPLEMENTATIONS = ("auto", "ours", "xla", "cudnn")  # `Lfm2Config.attention`
 
 

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +33,9 @@ import numpy as np
 from jaxrl_llm.generate import SamplingConfig, lfm2_model_fn, make_sampler
 from models.hf import load_hf, save_hf
 from models.lfm2 import PRESETS, Lfm2ForCausalLM, init_cache
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import describe, machine_facts  # noqa: E402
 
 
 def matmul_peak_flops(size: int = 2048, repeats: int = 5) -> float:
@@ -152,6 +157,8 @@ def main() -> None:
         model = load_hf(folder)
         hf_model = HfLfm2.from_pretrained(folder, torch_dtype=torch.float32).eval()
     n_params = sum(x.size for x in jax.tree_util.tree_leaves(model.params))
+    facts = machine_facts()
+    print(describe(facts))
     peak = matmul_peak_flops()
     print(f"LFM2 {args.preset}: {n_params / 1e6:.2f}M parameters; JAX float32 matmul peak {peak / 1e9:.0f} GFLOP/s")
     print(f"{'batch':>6} | {'ours tok/s':>12} | {'generate tok/s':>14} | {'ratio':>6} | greedy tokens agree")
@@ -197,6 +204,7 @@ def main() -> None:
                 "decode_gflops_at_max_batch": flops / 1e9,
                 "fraction_of_peak_at_max_batch": flops / peak,
                 **ceilings,
+                **facts,
             }
         )
     )

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
+import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +23,9 @@ import torch
 import transformers
 
 from models import PRESETS
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import describe, machine_facts  # noqa: E402
 from models.hf import Lfm2, params_from_hf
 
 
@@ -80,8 +83,9 @@ def main():
     runs = [("cpu-5m", 8), ("lfm2-350m", 1)]
     if args.only:
         runs = [r for r in runs if r[0] == args.only]
-    print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, jax {jax.__version__} "
-          f"({jax.default_backend()}), torch {torch.__version__} ({torch.get_num_threads()} threads), "
+    facts = machine_facts()
+    print(describe(facts))
+    print(f"# torch {torch.__version__} ({torch.get_num_threads()} threads), "
           f"transformers {transformers.__version__}; float32, seq {seq}, median of {repeats}")
     rows = [bench(name, batch, seq, repeats) for name, batch in runs]
     print(f"{'config':<11} {'batch':>5} {'seq':>5} {'ours tok/s':>11} {'torch tok/s':>12} {'ratio':>6} "
@@ -90,7 +94,7 @@ def main():
         print(f"{r['config']:<11} {r['batch']:>5} {r['seq']:>5} {r['ours_tok_s']:>11.0f} {r['torch_tok_s']:>12.0f} "
               f"{r['ratio']:>6.2f} {r['rel_err']:>9.1e} {r['compile_s']:>9.1f}")
     ok = all(r["rel_err"] < 1e-4 for r in rows)
-    summary = {"benchmark": "model_forward", "seq": seq, "logits_agree": ok}
+    summary = {"benchmark": "model_forward", "seq": seq, "logits_agree": ok, **facts}
     for r in rows:
         key = r["config"].replace("-", "_").replace(".", "_")
         summary[f"{key}_ours_tok_s"] = round(r["ours_tok_s"], 1)

@@ -1,0 +1,207 @@
+"""Connect Four as an environment of the protocol (`envs.core.Env`): examples, text, grammar, rubric, metrics.
+
+The game is `envs.connect_four.game` (bitboard rules, the search opponent); its text `envs.connect_four.text`;
+its SFT teacher `envs.connect_four.teacher` (search games). This module binds them:
+
+    example   (seed uint32, random_move_prob f32, depth int32): the first mover, the opening and every
+              opponent reply are pure functions of them; p stratified over a stage's [p_min, p_max]
+    reply     `<move>c</move>`, c a column 0..6 (`ReplyGrammar("move", "cell", 7)`), format
+              `<think>.*?</think>.*?<move>.*?</move>`
+    rubric    win (1 win / 0.5 draw / 0 loss or unfinished) x 1, format (mean over replies) x 0.2, invalid
+              (-0.1 once if any reply was an invalid move: a full column or not 0..6) x 1
+    metrics   win, draw, loss, unfinished, invalid, missing (0/1 per game)
+    eval      "random" (p = 1), "depth1", "depth2", "depth4" (p = 0, that search depth; each <= max_depth)
+    params    prompt, rows / columns (must be the standard 6 x 7: a named error otherwise), max_depth (the
+              deepest search compiled, 1..5: every opponent move costs a search tree of this depth, whatever
+              the example's depth), the rubric's values and weights
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from envs.connect_four import game, text
+from envs.connect_four.teacher import Teacher
+from envs.core import Env, Episode, EvalSetting, ParsedReply, ReplyGrammar, RubricPart
+from jaxrl_llm.checks import ConfigError, check_choice, check_float, check_int, check_probability
+
+
+class Example(NamedTuple):
+    """One game's example: its seed, the opponent's random-move probability and search depth."""
+
+    seed: jax.Array  # uint32[]
+    random_move_prob: jax.Array  # float32[]
+    depth: jax.Array  # int32[]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """A curriculum stage: p stratified over [p_min, p_max] (p = 1 random, p = 0 the pure search) and the
+    search depth in 1..MAX_DEPTH (it must also be <= the env's max_depth; checked when examples are drawn)."""
+
+    p_min: float = 0.0
+    p_max: float = 1.0
+    depth: int = 2
+
+    def __post_init__(self) -> None:
+        check_probability(self, "p_min")
+        check_probability(self, "p_max")
+        check_int(self, "depth", 1, game.MAX_DEPTH)
+        if self.p_min > self.p_max:
+            raise ConfigError(f"must be <= p_max (got p_min {self.p_min} > p_max {self.p_max})", ("p_min",), "Stage")
+
+
+@dataclasses.dataclass(frozen=True)
+class Params:
+    """Static settings (see the module docstring)."""
+
+    prompt: str = "tiny"
+    rows: int = game.ROWS
+    columns: int = game.COLUMNS
+    max_depth: int = 4
+    win_value: float = 1.0
+    draw_value: float = 0.5
+    loss_value: float = 0.0
+    invalid_penalty: float = -0.1
+    win_weight: float = 1.0
+    format_weight: float = 0.2
+    invalid_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_choice(self, "prompt", tuple(text.PRESETS))
+        check_int(self, "rows", 1)
+        check_int(self, "columns", 1)
+        if (self.rows, self.columns) != (game.ROWS, game.COLUMNS):
+            raise ConfigError(f"board size {self.rows} x {self.columns} does not match the game's "
+                              f"{game.ROWS} x {game.COLUMNS} (only the standard board is implemented); set rows = "
+                              f"{game.ROWS}, columns = {game.COLUMNS}", ("rows",), "Params")
+        check_int(self, "max_depth", 1, game.MAX_DEPTH)
+        for name in ("win_value", "draw_value", "loss_value"):
+            check_float(self, name)
+        check_float(self, "invalid_penalty", high=0.0)
+        for name in ("win_weight", "format_weight", "invalid_weight"):
+            check_float(self, name, low=0.0)
+
+    @property
+    def preset(self) -> text.PromptPreset:
+        return text.PRESETS[self.prompt]
+
+
+_GRAMMAR = ReplyGrammar(tag="move", content="cell", num_cells=game.COLUMNS, format_tags=("think", "move"),
+                        example_replies=("<think></think><move>3</move>", "<think>I block 2.</think>\n<move>2</move>",
+                                         "<move>4</move>", "I play 6."))
+
+
+def move_of(reply: ParsedReply) -> jax.Array:
+    """The game's move code of a parsed reply: -1 no tag (NO_MOVE), the column, or 7 (INVALID_MOVE)."""
+    return jnp.where(~reply.found, game.NO_MOVE, jnp.where(reply.valid, reply.value, game.INVALID_MOVE)).astype(
+        jnp.int32)
+
+
+def outcome_metrics(outcome: jax.Array, done: jax.Array) -> dict[str, jax.Array]:
+    """0/1 per game: won, drawn, lost (the game ended so) or unfinished."""
+    return {
+        "win": (done & (outcome == game.OUTCOME_WIN)).astype(jnp.float32),
+        "draw": (done & (outcome == game.OUTCOME_DRAW)).astype(jnp.float32),
+        "loss": (done & (outcome == game.OUTCOME_LOSS)).astype(jnp.float32),
+        "unfinished": (~done).astype(jnp.float32),
+    }
+
+
+def _check_depth(stage: Stage, params: Params) -> None:
+    if stage.depth > params.max_depth:
+        raise ConfigError(f"search depth {stage.depth} is above the env's max_depth {params.max_depth}; raise "
+                          "env.params.max_depth or lower the stage's depth", ("depth",), "Stage")
+
+
+class ConnectFour(Env):
+    """Connect Four (6 x 7) against the opponent mixture: random moves with probability p, else the search."""
+
+    name = "connect_four"
+    Params = Params
+    Stage = Stage
+    Teacher = Teacher
+    final_message = True
+    results_columns = (("W", "win"), ("D", "draw"), ("L", "loss"), ("format", "format"), ("invalid", "invalid"))
+    outcome_metrics = ("win", "draw", "loss", "unfinished")
+    human = None
+
+    # ---- data ----
+    def sample_examples(self, key, num_prompts, group_size, stage: Stage) -> Example:
+        """Stratified p over the stage's range (one stratum a prompt), each prompt repeated group_size times."""
+        _check_depth(stage, self.params)
+        k_seed, k_p = jax.random.split(key)
+        seeds = jax.random.bits(k_seed, (num_prompts,), jnp.uint32)
+        u = (jnp.arange(num_prompts) + jax.random.uniform(k_p, (num_prompts,))) / num_prompts
+        probs = jax.random.permutation(jax.random.fold_in(k_p, 1), stage.p_min + (stage.p_max - stage.p_min) * u)
+        depth = jnp.full((num_prompts * group_size,), stage.depth, jnp.int32)
+        return Example(jnp.repeat(seeds, group_size), jnp.repeat(probs.astype(jnp.float32), group_size), depth)
+
+    def eval_examples(self, key, num_games, stage: Stage) -> Example:
+        _check_depth(stage, self.params)
+        seeds = jax.random.bits(key, (num_games,), jnp.uint32)
+        probs = jax.random.uniform(jax.random.fold_in(key, 1), (num_games,), jnp.float32, stage.p_min, stage.p_max)
+        if stage.p_min == stage.p_max:
+            probs = jnp.full((num_games,), stage.p_min, jnp.float32)
+        return Example(seeds, probs, jnp.full((num_games,), stage.depth, jnp.int32))
+
+    def eval_settings(self) -> tuple[EvalSetting, ...]:
+        out = [EvalSetting("random", Stage(1.0, 1.0, 1))]
+        out += [EvalSetting(f"depth{d}", Stage(0.0, 0.0, d)) for d in (1, 2, 4) if d <= self.params.max_depth]
+        return tuple(out)
+
+    def example_metrics(self, examples: Example) -> dict[str, jax.Array]:
+        return {"p_mean": jnp.mean(examples.random_move_prob)}
+
+    # ---- dynamics ----
+    def reset(self, example: Example, params: Params) -> game.State:
+        return game.reset(example.seed, example.random_move_prob, example.depth, params.max_depth)
+
+    def step(self, state: game.State, reply: ParsedReply, params: Params) -> game.State:
+        return game.step(state, move_of(reply), params.max_depth)
+
+    def done(self, state: game.State) -> jax.Array:
+        return state.done
+
+    # ---- text ----
+    def system_prompt(self, params: Params) -> str:
+        return text.system_prompt(params.preset)
+
+    def message_spec(self, params: Params):
+        return text.message_spec(params.preset)
+
+    def message_codes(self, state: game.State, params: Params) -> jax.Array:
+        return text.message_codes(state)
+
+    def reply_grammar(self, params: Params) -> ReplyGrammar:
+        return _GRAMMAR
+
+    # ---- reward and metrics ----
+    def rubric(self, params: Params) -> tuple[RubricPart, ...]:
+        return (RubricPart("win", params.win_weight), RubricPart("format", params.format_weight),
+                RubricPart("invalid", params.invalid_weight))
+
+    def reward_parts(self, state: game.State, episode: Episode, params: Params) -> dict[str, jax.Array]:
+        win = jnp.select([state.done & (state.outcome == game.OUTCOME_WIN),
+                          state.done & (state.outcome == game.OUTCOME_DRAW)],
+                         [jnp.float32(params.win_value), jnp.float32(params.draw_value)], jnp.float32(params.loss_value))
+        invalid = jnp.where(state.invalid_moves > 0, jnp.float32(params.invalid_penalty), jnp.float32(0.0))
+        return {"win": win, "format": jnp.asarray(episode.format_score, jnp.float32), "invalid": invalid}
+
+    def metrics(self, state: game.State, episode: Episode, params: Params) -> dict[str, jax.Array]:
+        return {**outcome_metrics(state.outcome, state.done),
+                "invalid": (state.invalid_moves > 0).astype(jnp.float32),
+                "missing": (state.missing_moves > 0).astype(jnp.float32)}
+
+    # ---- SFT ----
+    def demonstrations(self, teacher: Teacher, key, params: Params, max_turns: int) -> list[dict]:
+        return teacher.rows(key, params.prompt, params.max_depth)
+
+    def example_info(self, example: Any) -> dict[str, Any]:
+        return {"seed": int(np.asarray(example.seed)), "random_move_prob": float(np.asarray(example.random_move_prob)),
+                "depth": int(np.asarray(example.depth))}

@@ -1,0 +1,145 @@
+"""Train throughput: whole GRPO steps of the CPU preset, split into rollout and update, and the update's FLOP/s.
+
+One run, the model and stage 1 of `experiments/presets/cpu.toml` (16 prompts x 8 games, context 400, 2
+minibatches), with the committed checkpoint `experiments/checkpoints/cpu` when it is there (real game
+lengths; else random weights, whose games end early on invalid moves):
+
+* whole steps: `train.grpo_loop.make_grpo_step` (the jitted step the trainer runs), compiled first, then
+  `--steps` calls; trained games/s = batch / median step time;
+* rollout alone: the stage's rollout jitted by itself (`time_stage_rollout`), best of `--repeats`;
+* update alone: `algos.grpo.make_grpo_update` on one batch of that rollout, best of `--repeats`;
+* the update's FLOPs: XLA's `cost_analysis()` of the compiled update (its "flops": every op, matmuls
+  and the rest, as XLA counts them), as FLOP/s and as a share of the float32 matmul peak measured in the
+  same run (`machine.matmul_peak_flops`).
+Target (issue 15): update <= 2x rollout and >= 40 % of the peak. Prints the machine facts first and one
+JSON object last.
+
+    python experiments/benchmarks/train_throughput.py            # 4 steps after the compile
+    python experiments/benchmarks/train_throughput.py --steps 2  # shorter
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import describe, machine_facts, matmul_peak_flops  # noqa: E402
+
+
+def best_of(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(fn())
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default=str(ROOT / "experiments" / "presets" / "cpu.toml"))
+    parser.add_argument("--checkpoint", default=str(ROOT / "experiments" / "checkpoints" / "cpu"))
+    parser.add_argument("--stage", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=4, help="timed whole steps after the compiling one")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    from jaxrl_llm import train
+    from jaxrl_llm.algos.grpo import make_grpo_update
+    from jaxrl_llm.config import load_config
+    from jaxrl_llm.rollout import make_rollout
+    from jaxrl_llm.train.components import fresh_trainable, policy_params
+    from jaxrl_llm.train.grpo_loop import make_grpo_step, placed_like_outputs
+    from jaxrl_llm.train.keys import stream
+
+    facts = machine_facts()
+    print(describe(facts), flush=True)
+    peak = matmul_peak_flops()
+    print(f"float32 matmul peak through JAX: {peak / 1e9:.0f} GFLOP/s", flush=True)
+
+    config = load_config(args.preset, ['run.output_dir="/tmp/train_throughput_unused"'], check_paths=False)
+    comp = train.build(config)
+    s = config.grpo[args.stage]
+    use_ckpt = Path(args.checkpoint, "config.json").is_file()
+    params = policy_params(config, comp, args.checkpoint) if use_ckpt else fresh_trainable(comp)
+    params = placed_like_outputs(jax.device_put(params, jax.devices()[0]))
+    n_params = sum(x.size for x in jax.tree_util.tree_leaves(params))
+    print(f"model {n_params / 1e6:.2f}M parameters ({'checkpoint ' + args.checkpoint if use_ckpt else 'random'}); "
+          f"stage {args.stage}: {s.num_prompts} x {s.group_size} games, context {s.rollout.context_length}, "
+          f"{s.loss.num_minibatches} minibatches, {s.loss.passes} passes", flush=True)
+
+    # Whole steps (what the trainer runs). params / opt_state are donated: keep our own copies.
+    step_fn, optimizer = make_grpo_step(comp, args.stage)
+    p = jax.tree_util.tree_map(lambda x: x.copy(), params)
+    o = placed_like_outputs(optimizer.init(p))
+    t = time.perf_counter()
+    p, o, metrics, traj = step_fn(p, o, None, stream(0, "grpo", 0), None)
+    jax.block_until_ready(p)
+    compile_s = time.perf_counter() - t
+    times = []
+    for i in range(1, args.steps + 1):
+        t = time.perf_counter()
+        p, o, metrics, traj = step_fn(p, o, None, stream(0, "grpo", i), None)
+        jax.block_until_ready(p)
+        times.append(time.perf_counter() - t)
+    step_s = float(np.median(times))
+    recompiled = step_fn._cache_size() != 1
+
+    # Rollout alone, same batch and settings.
+    run = make_rollout(comp.env, comp.model_fn, comp.init_cache, comp.tables, s.rollout, comp.sampling_config(s.sampling))
+    key = stream(0, "grpo", 1)
+    examples = comp.env.sample_examples(key, s.num_prompts, s.group_size, s.curriculum)
+    traj = jax.block_until_ready(run(params, examples, key))
+    rollout_s = best_of(lambda: run(params, examples, key), args.repeats)
+
+    # Update alone on that batch; its FLOPs as XLA counts them.
+    update = make_grpo_update(comp.module, optimizer, s.grpo_config())
+    args_u = (traj.tokens, traj.loss_mask, traj.logprobs, traj.reward, key)
+    lowered = update.jitted.lower(params, optimizer.init(params), None, *args_u)
+    cost = lowered.compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    flops = float(cost.get("flops", float("nan")))
+
+    def one_update():
+        q = jax.tree_util.tree_map(lambda x: x.copy(), params)
+        return update(q, placed_like_outputs(optimizer.init(q)), *args_u)[0]
+
+    jax.block_until_ready(one_update())
+    copy_s = best_of(lambda: jax.tree_util.tree_map(lambda x: x.copy(), params), args.repeats)
+    update_s = max(best_of(one_update, args.repeats) - copy_s, 1e-9)
+
+    length = int(np.asarray(traj.length).max())
+    sampled = float(np.asarray(traj.loss_mask).sum())
+    row = {
+        "benchmark": "train_throughput", **facts, "matmul_peak_gflops": peak / 1e9, "params": n_params,
+        "checkpoint": use_ckpt, "batch": s.batch_size, "context": s.rollout.context_length,
+        "longest_game_tokens": length, "mean_game_tokens": float(np.asarray(traj.length).mean()),
+        "sampled_tokens": sampled, "compile_s": compile_s, "step_s": step_s, "step_times": times,
+        "second_call_recompiled": recompiled, "games_per_s": s.batch_size / step_s,
+        "rollout_s": rollout_s, "update_s": update_s, "update_over_rollout": update_s / rollout_s,
+        "update_flops": flops, "flops_source": "XLA cost_analysis of the compiled update",
+        "update_gflops_per_s": flops / update_s / 1e9, "update_share_of_peak": flops / update_s / peak,
+    }
+    row["target_update_le_2x_rollout"] = row["update_over_rollout"] <= 2.0
+    row["target_40pct_of_peak"] = row["update_share_of_peak"] >= 0.40
+    print(f"compile + first step {compile_s:.1f} s; whole step {step_s:.2f} s (median of {len(times)}) = "
+          f"{row['games_per_s']:.1f} trained games/s; second call recompiled: {recompiled}")
+    print(f"rollout {rollout_s:.2f} s, update {update_s:.2f} s: update = {row['update_over_rollout']:.2f}x rollout "
+          f"(target <= 2x: {'met' if row['target_update_le_2x_rollout'] else 'NOT met'})")
+    print(f"update {flops / 1e9:.1f} GFLOP (XLA cost analysis) in {update_s:.2f} s = "
+          f"{row['update_gflops_per_s']:.1f} GFLOP/s = {row['update_share_of_peak']:.1%} of the matmul peak "
+          f"(target >= 40 %: {'met' if row['target_40pct_of_peak'] else 'NOT met'}); games: longest "
+          f"{length} tokens of the {s.rollout.context_length} the update is padded to")
+    print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()

@@ -215,3 +215,56 @@ def test_orbax_does_not_warn_on_a_read_only_restore(tmp_path, caplog):
         with Checkpointer(tmp_path, read_only=True) as ckpt:
             ckpt.restore(1, target={"w": jax.ShapeDtypeStruct((4,), jnp.float32)})
     assert not [r for r in caplog.records if "read only" in r.getMessage()]
+
+
+# ---- the second probe's cases, through the CLI ----
+
+def test_play_ends_cleanly_when_input_ends_and_refuses_non_ascii_digits(tmp_path):
+    from jaxrl_llm.cli.play import play_terminal
+    from jaxrl_llm.config import load_config
+
+    config = load_config(PRESET, [f'run.output_dir="{tmp_path}"', *SMALL, "sampling.max_new_tokens=8"])
+    answers = iter(["y", "²", "٣", "３"])  # a superscript, an Arabic-Indic and a full-width digit, then EOF
+
+    def person(prompt):
+        try:
+            return next(answers)
+        except StopIteration:
+            raise EOFError from None
+
+    lines = []
+    assert play_terminal(config, input_fn=person, print_fn=lines.append) == 0
+    text = "\n".join(lines)
+    for bad in ("²", "٣", "３"):
+        assert f"{bad!r} is not one of" in text  # never taken as a cell
+    assert lines[-1] == "\n(input ended: game over)"
+
+
+def test_resume_false_on_an_existing_run_is_refused_and_truncates_nothing(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = "".join(json.dumps({"step": s, "loss": 0.5}) + "\n" for s in (1, 2, 3))
+    (run / "metrics.jsonl").write_text(rows)
+    rc = main(["train", str(PRESET), "--set", f'run.output_dir="{run}"', "--set", "checkpoint.resume=false"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "checkpoint.resume = false" in err and "3 steps" in err and "nothing was changed" in err
+    assert (run / "metrics.jsonl").read_text() == rows
+
+
+@pytest.mark.parametrize("override, named", [
+    ("model.vocab_size=100", "model.vocab_size: the tokenizer (the project tokenizer) has 548 tokens"),
+    ("grpo.0.rollout.context_length=50", "grpo.0.rollout.context_length: 50 cannot hold the system prompt"),
+])
+def test_sizes_that_cannot_work_are_named_before_compiling(tmp_path, capsys, override, named):
+    rc = main(["train", str(PRESET), "--set", f'run.output_dir="{tmp_path}"', "--set", override])
+    err = capsys.readouterr().err
+    assert rc == 2 and named in err and "Traceback" not in err
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_no_grpo_stage_is_an_error_not_a_silent_success(tmp_path, capsys):
+    preset = tmp_path / "no_grpo.toml"
+    preset.write_text('grpo = []\n[model]\npreset = "tiny"\nvocab_size = 576\n[env]\nname = "tictactoe"\n')
+    rc = main(["train", str(preset), "--set", f'run.output_dir="{tmp_path / "run"}"'])
+    err = capsys.readouterr().err
+    assert rc == 2 and "there is no GRPO step to run" in err

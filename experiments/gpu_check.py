@@ -33,6 +33,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "experiments" / "benchmarks"))
+
+from machine import best_seconds as best_time  # noqa: E402  (one warm-up call, then the best of `repeats`)
 
 # Nominal HBM bandwidth in bytes/s, by a substring of jax's device_kind (lower case).
 BANDWIDTH = {"h200": 4.8e12, "h100": 3.35e12, "a100": 2.0e12, "l40": 0.864e12, "a10": 0.6e12,
@@ -55,16 +58,6 @@ def sizes(smoke: bool) -> dict:
     return dict(preset="lfm2-350m", lora_preset="lfm2-1.2b", dtype="bfloat16", matmul=8192,
                 decode_batches=(1, 64, 256), decode_prompt=128, decode_new=128, prefill=(16, 512),
                 rollout_batches=(256, 1024), grpo_prompts=32, grpo_group=8, grpo_steps=5, layers=None)
-
-
-def best_time(fn, repeats: int = 3) -> float:
-    jax.block_until_ready(fn())
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn())
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def section_device(s):

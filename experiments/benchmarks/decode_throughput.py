@@ -35,20 +35,7 @@ from models.hf import load_hf, save_hf
 from models.lfm2 import PRESETS, Lfm2ForCausalLM, init_cache
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import describe, machine_facts  # noqa: E402
-
-
-def matmul_peak_flops(size: int = 2048, repeats: int = 5) -> float:
-    """Best float32 matmul FLOP/s through JAX on this machine."""
-    a = jax.random.normal(jax.random.PRNGKey(0), (size, size), jnp.float32)
-    f = jax.jit(lambda x: x @ x)
-    f(a).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        f(a).block_until_ready()
-        best = min(best, time.perf_counter() - t)
-    return 2 * size**3 / best
+from machine import describe, machine_facts, matmul_peak_flops  # noqa: E402
 
 
 def decode_flops_per_token(config, params, context: int) -> float:

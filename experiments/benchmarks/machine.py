@@ -65,3 +65,16 @@ def matmul_peak_flops(size: int = 2048, repeats: int = 5) -> float:
         f(a).block_until_ready()
         best = min(best, time.perf_counter() - t)
     return 2 * size**3 / best
+
+
+def best_seconds(fn, repeats: int, warmup: bool = True) -> float:
+    """Best wall time of `fn()` (blocked until its arrays are ready) over `repeats` calls, after one
+    untimed call when `warmup` (the compile)."""
+    if warmup:
+        jax.block_until_ready(fn())
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(fn())
+        best = min(best, time.perf_counter() - t)
+    return best

@@ -31,16 +31,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import describe, machine_facts, matmul_peak_flops  # noqa: E402
+from machine import best_seconds, describe, machine_facts, matmul_peak_flops  # noqa: E402
 
 
-def best_of(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn())
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def main() -> None:
@@ -98,7 +91,7 @@ def main() -> None:
     key = stream(0, "grpo", 1)
     examples = comp.env.sample_examples(key, s.num_prompts, s.group_size, s.curriculum)
     traj = jax.block_until_ready(run(params, examples, key))
-    rollout_s = best_of(lambda: run(params, examples, key), args.repeats)
+    rollout_s = best_seconds(lambda: run(params, examples, key), args.repeats, warmup=False)
 
     # Update alone on that batch; its FLOPs as XLA counts them.
     update = make_grpo_update(comp.module, optimizer, s.grpo_config())
@@ -113,8 +106,8 @@ def main() -> None:
         return update(q, placed_like_outputs(optimizer.init(q)), *args_u)[0]
 
     jax.block_until_ready(one_update())
-    copy_s = best_of(lambda: jax.tree_util.tree_map(lambda x: x.copy(), params), args.repeats)
-    update_s = max(best_of(one_update, args.repeats) - copy_s, 1e-9)
+    copy_s = best_seconds(lambda: jax.tree_util.tree_map(lambda x: x.copy(), params), args.repeats, warmup=False)
+    update_s = max(best_seconds(one_update, args.repeats, warmup=False) - copy_s, 1e-9)
 
     length = int(np.asarray(traj.length).max())
     sampled = float(np.asarray(traj.loss_mask).sum())

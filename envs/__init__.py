@@ -14,6 +14,8 @@ from envs.core import (  # noqa: F401
     RubricPart, Slot, env_class, make, register, registered, weighted_reward,
 )
 
+DEFAULT_ENV = "tictactoe"  # the env of a config without `[env] name`
+
 register("tictactoe", "envs.tictactoe.env:TicTacToe")
 register("arithmetic", "envs.arithmetic.env:Arithmetic")
 register("connect_four", "envs.connect_four.env:ConnectFour")

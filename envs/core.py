@@ -33,7 +33,9 @@ What an environment provides (shapes are per game; vmap over a leading batch axi
               0/1 metrics that name a game's outcome (for readable game records).
   optional    `Teacher` + `demonstrations(teacher, key, params, max_turns) -> rows`, `has_check_rows` /
               `check_rows(teacher, params)`: SFT data as prompt/completion rows and an exactness check;
-              `human: HumanPlay | None` for `jaxrl-llm play`.
+              `human: HumanPlay | None` for `jaxrl-llm play`; `random_reply(key, state, params) ->
+              ParsedReply`: a random reply for baselines and `jaxrl-llm demo` (default: a uniform value of
+              the reply grammar; a game overrides it with a uniformly random legal move).
 
 `Episode` is what the rollout knows about a game that the env does not (format score, replies, cuts).
 """
@@ -367,6 +369,21 @@ class Env:
             leaves = jax.tree_util.tree_leaves(example)
             fields = {"example": leaves[0]} if len(leaves) == 1 else {f"example_{i}": v for i, v in enumerate(leaves)}
         return {k: np.asarray(v).item() for k, v in fields.items()}
+
+    # ---- optional: a random player ----
+    def random_reply(self, key: jax.Array, state: Any, params: Any) -> ParsedReply:
+        """A random well-formed reply for one game (for `envs.random_play`): a uniform value of the reply
+        grammar (a cell in [0, num_cells), an integer of at most max_digits digits either sign, or 0 for
+        text). Games override it with a uniformly random legal move."""
+        grammar = self.reply_grammar(params)
+        if grammar.content == "cell":
+            value = jax.random.randint(key, (), 0, grammar.num_cells)
+        elif grammar.content == "integer":
+            bound = 10 ** grammar.max_digits
+            value = jax.random.randint(key, (), -bound + 1, bound)
+        else:
+            value = jnp.int32(0)
+        return ParsedReply.of(value)
 
     # ---- optional: SFT demonstrations ----
     def demonstrations(self, teacher: Any, key: jax.Array, params: Any, max_turns: int) -> list[dict]:

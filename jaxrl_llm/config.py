@@ -441,7 +441,7 @@ class EnvSection(_Section):
     """The environment: `name` (registered with `envs.register`; `envs.make(name, **params)`) and its
     `Params` (the `[env.params]` table)."""
 
-    name: str = "tictactoe"
+    name: str = dataclasses.field(default_factory=lambda: _default_env_name())
     params: Annotated[Any, EnvBound("Params")] = None
 
     def _validate(self) -> None:
@@ -455,6 +455,13 @@ class EnvSection(_Section):
         """The env instance with these params."""
         cls = self.env_class()
         return cls(self.params if self.params is not None else cls.Params())
+
+
+def _default_env_name() -> str:
+    """The env of a config without `[env] name` (`envs.DEFAULT_ENV`)."""
+    import envs
+
+    return envs.DEFAULT_ENV
 
 
 def _env_class(name: str):
@@ -637,7 +644,7 @@ class ExperimentConfig(_Section):
         env_table = data.get("env", {})
         if not isinstance(env_table, Mapping):
             raise ConfigError(f"expected a table, got {_toml_type(env_table)}", ("env",))
-        name = env_table.get("name", EnvSection.name)
+        name = env_table.get("name", _default_env_name())
         if not isinstance(name, str):
             raise ConfigError(f"expected a string, got {_toml_type(name)}", ("env", "name"))
         env_cls = _env_class(name)

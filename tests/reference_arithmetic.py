@@ -75,9 +75,11 @@ def problem(seed: int, index: int) -> dict:
 
 
 def message(preset: str, a: int, b: int, op: str) -> str:
-    """The user message: tiny `347+598=`, reference `What is 347 + 598?`."""
+    """The user message: tiny `347+598=`, reference `What is 347 + 598?`, aligned `0347+0598=`."""
     if preset == "tiny":
         return f"{a}{op}{b}="
+    if preset == "aligned":
+        return f"{str(a).rjust(4, '0')}{op}{str(b).rjust(4, '0')}="
     if preset == "reference":
         return f"What is {a} {op} {b}?"
     raise ValueError(preset)

@@ -124,7 +124,7 @@ def test_stage_levels_are_stratified_over_a_batch_and_groups_repeat():
 # ---------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("prompt", ["tiny", "reference"])
+@pytest.mark.parametrize("prompt", ["tiny", "reference", "aligned"])
 def test_messages_match_an_independent_rendering(prompt):
     env = envs.make("arithmetic", prompt=prompt)
     seeds = np.arange(40, dtype=np.uint32) * 7919
@@ -161,7 +161,7 @@ def test_teacher_rows_are_the_reference_worked_answers():
     assert ENV.has_check_rows(teacher) and not ENV.has_check_rows(dataclasses.replace(teacher, check_problems=0))
 
 
-@pytest.mark.parametrize("prompt", ["tiny", "reference"])
+@pytest.mark.parametrize("prompt", ["tiny", "reference", "aligned"])
 def test_text_bridge_renders_exactly_the_chat_template(tok, prompt):
     env = envs.make("arithmetic", prompt=prompt)
     tables = text.tables_for_env(tok, env)  # verifies every adjacent pair of pieces against the template

@@ -107,6 +107,10 @@ def test_group_advantages_hand_cases():
     # Equal rewards everywhere: all zero, no NaN.
     a = np.asarray(group_advantages(jnp.ones(6), 3, "group"))
     assert np.all(a == 0.0)
+    # Equal rewards whose float mean is off by an ulp (8 x 0.3, 8 x 1.1): still exactly zero, not ~3e-4.
+    for value in (0.3, 1.1, 0.7):
+        for scale in ("group", "none"):
+            assert np.all(np.asarray(group_advantages(jnp.full(8, value, jnp.float32), 8, scale)) == 0.0)
 
 
 def test_token_logprobs_and_entropy_against_loops():
@@ -345,6 +349,40 @@ def test_gradient_accumulation_is_exact(tiny):
     assert float(m4["grad_norm"]) > 0
     for a, b in zip(jax.tree_util.tree_leaves(p4), jax.tree_util.tree_leaves(expected)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+
+
+def test_skipping_zero_advantage_rows_gives_the_same_update(tiny):
+    """skip_zero_advantage: the micro-batches whose rows all have advantage 0 are not computed, and the
+    params after SGD steps (2 minibatches x 4 micro-batches, shuffled or not) equal the unskipped update's
+    (SGD: Adam's first steps turn float-order noise in near-zero gradients into lr-sized differences)."""
+    _, module, params = tiny
+    tokens, mask, logq, _ = _synthetic_batch(seed=3, batch=16)
+    rewards = jnp.asarray([1, 0, 1, 0, 0.5, 0.5, 0.5, 0.5, 0.3, 0.3, 0.3, 0.3, 0, 1, 1, 1], jnp.float32)
+    # The zero-advantage rows get a sampler far from the policy: their ratios show whether they were computed.
+    zero_rows = np.asarray(group_advantages(rewards, 4)) == 0
+    assert zero_rows.sum() == 8
+    logq = jnp.where(jnp.asarray(zero_rows)[:, None] & (mask > 0), -20.0, logq)
+    opt = optax.sgd(0.5)
+    for shuffle in (True, False):
+        out = {}
+        for skip in (True, False):
+            cfg = GrpoConfig(group_size=4, num_minibatches=2, grad_accum_steps=4, skip_zero_advantage=skip,
+                             shuffle=shuffle, compute_entropy=False)
+            p = _copy(params)
+            out[skip] = make_grpo_update(module, opt, cfg)(p, opt.init(p), tokens, mask, logq, rewards,
+                                                           jax.random.PRNGKey(1))
+        for a, b in zip(jax.tree_util.tree_leaves(out[True][0]), jax.tree_util.tree_leaves(out[False][0])):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+        assert float(out[True][2]["loss"]) == pytest.approx(float(out[False][2]["loss"]), rel=1e-5, abs=1e-7)
+    # In order, each minibatch holds one advantaged and one zero group: the zero rows fill whole micro-batches,
+    # which are skipped. Unskipped, their far samplers give huge ratios; skipped, only the advantaged rows count.
+    assert float(out[False][2]["ratio_mean"]) > 1e3 > float(out[True][2]["ratio_mean"])
+    # With a KL term every row has a gradient: nothing is skipped.
+    cfg = GrpoConfig(group_size=4, num_minibatches=2, grad_accum_steps=4, beta=0.1, compute_entropy=False)
+    p = _copy(params)
+    kl = make_grpo_update(module, opt, cfg, ref_params=params)(p, opt.init(p), tokens, mask, logq, rewards,
+                                                                jax.random.PRNGKey(1))
+    assert float(kl[2]["ratio_mean"]) > 1e3
 
 
 def test_tiny_model_learns_to_say_three(tiny):

@@ -570,3 +570,50 @@ def test_baselines_script_plays_every_pair():
             assert abs(r["win"] + r["draw"] + r["loss"] - 1) < 1e-9
     assert results["minimax (uniform)"]["optimal"]["draw"] == 1.0
     assert results["minimax (best tie-break)"]["random"]["loss"] == 0.0
+
+
+def test_drawn_teacher_keeps_the_value_and_its_tree_and_win_rate_follow_its_table():
+    """The "drawn" teacher (one fixed uniform draw among the value-keeping moves per board): every move
+    keeps the reference minimax value, the draw is reproducible, its tree is every game it can meet (device
+    games are in it), and its win rate vs random equals an independent computation over its table."""
+    import functools as ft
+
+    from reference_tictactoe import EMPTY, O, X, ref_finished, ref_index, ref_value, ref_winner, reachable_positions
+
+    table = teacher.drawn_move_table()
+    assert np.array_equal(table, teacher.drawn_move_table.__wrapped__(teacher.DRAWN_SEED))  # reproducible
+    differs = 0
+    for board, to_move in reachable_positions():
+        if to_move != X or ref_finished(board):
+            continue
+        c = int(table[ref_index(board)])
+        assert board[c] == EMPTY and -ref_value(board[:c] + (X,) + board[c + 1:], O) == ref_value(board, X), board
+        differs += c != int(teacher.best_move_table()[ref_index(board)])
+    assert differs > 100  # not the best tie-break in disguise
+
+    @ft.lru_cache(maxsize=None)
+    def win(board, x_to_move):
+        w = ref_winner(board)
+        if w or EMPTY not in board:
+            return float(w == X)
+        if x_to_move:
+            c = int(table[ref_index(board)])
+            return win(board[:c] + (X,) + board[c + 1:], False)
+        free = [c for c in range(9) if board[c] == EMPTY]
+        return sum(win(board[:c] + (O,) + board[c + 1:], True) for c in free) / len(free)
+
+    rate = 0.5 * win((EMPTY,) * 9, True) + 0.5 * win((EMPTY,) * 9, False)
+    assert abs(teacher.teacher_win_rate_vs_random("drawn") - rate) < 1e-12
+    assert rate < teacher.teacher_win_rate_vs_random("best") - 0.05
+
+    tree = teacher.exhaustive_expert_games("drawn")
+    keys = {_game_key(tree, i) for i in range(len(tree.seed))}
+    assert len(keys) == len(tree.seed) == 841
+    assert set(np.unique(tree.outcome)) <= {ttt.OUTCOME_WIN, ttt.OUTCOME_DRAW}
+    played = teacher.generate_expert_games(jax.random.PRNGKey(9), NUM_GAMES, teacher="drawn", opponent_p_range=(0.0, 1.0))
+    for i in range(NUM_GAMES):
+        assert _game_key(played, i) in keys
+    config = teacher.Teacher(kind="drawn", explore_prob=0.0, tree_copies=2)
+    assert config.deterministic
+    with pytest.raises(ValueError, match="no fixed move table"):
+        teacher.move_table("uniform")

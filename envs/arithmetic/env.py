@@ -85,7 +85,7 @@ class Stage:
 
 @dataclasses.dataclass(frozen=True)
 class Params:
-    """Static settings: the prompt preset ("tiny", "reference"; see `text.PRESETS`) and the rubric's weights."""
+    """Static settings: the prompt preset ("tiny", "reference", "aligned"; see `text.PRESETS`) and the rubric's weights."""
 
     prompt: str = "reference"
     exact_weight: float = 1.0

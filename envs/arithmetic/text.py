@@ -1,12 +1,12 @@
 """The arithmetic task's text: prompt presets (data), host rendering, and the message as slots of piece tables.
 
 A problem message is `{start}{a}{op}{b}{end}`: with the `tiny` preset `347+598=`, with `reference`
-`What is 347 + 598?`. For the text bridge it is 1 + MAX_DIGITS + 1 + MAX_DIGITS + 1 slots, each operand
+`What is 347 + 598?`, with `aligned` `0347+0598=` (operands zero-padded to MAX_DIGITS digits). For the text bridge it is 1 + MAX_DIGITS + 1 + MAX_DIGITS + 1 slots, each operand
 one slot per digit position (the project tokenizer writes every digit as its own token):
 
     start            the preset's opening text (one piece)                          code 0
     a3 a2 a1 a0      operand a, most significant position first: "" where a has     code 0 ("") or digit + 1
-                     no digit there, else the digit "0".."9"
+                     no digit there ("0" with `aligned`), else the digit "0".."9"
     op               the operator text: "+", "-", "x" (`reference`: " + ", ...)       code = operator 0..2
     b3 b2 b1 b0      operand b, as a
     end              the preset's closing text (one piece)                          code 0
@@ -37,6 +37,7 @@ class PromptPreset:
     start: str
     operators: tuple[str, str, str]  # the texts of "+", "-", "x"
     end: str
+    pad_digits: bool = False  # operands written with leading zeros to MAX_DIGITS digits (`0347+0598=`)
 
 
 PRESETS: dict[str, PromptPreset] = {
@@ -48,11 +49,17 @@ PRESETS: dict[str, PromptPreset] = {
         system_prompt=("Solve the arithmetic problem. You may reason inside <think>...</think> tags. Give the "
                        "result as an integer inside <answer>...</answer> tags, for example <answer>-17</answer>.\n"),
         start="What is ", operators=(" + ", " - ", " x "), end="?"),
+    # `aligned`: `tiny` with both operands zero-padded to MAX_DIGITS digits (`0347+0598=`), so that every
+    # digit position sits at the same distance from the reply whatever the operands' lengths (a problem is
+    # 2 * MAX_DIGITS + 2 tokens). A small model then finds an operand's units digit at a fixed offset.
+    "aligned": PromptPreset(name="aligned", system_prompt="Arithmetic. Reply <think>...</think><answer>N</answer>.\n",
+                            start="", operators=("+", "-", "x"), end="=", pad_digits=True),
 }
 
 SLOT_NAMES = ("start", *(f"a{i}" for i in reversed(range(MAX_DIGITS))), "op",
               *(f"b{i}" for i in reversed(range(MAX_DIGITS))), "end")
 DIGIT_PIECES = ("", *(str(d) for d in range(10)))
+PADDED_DIGIT_PIECES = ("0", *DIGIT_PIECES[1:])  # code 0 (no digit there) shows a leading zero
 
 
 def render_problem(preset: PromptPreset, a: int, b: int, op: int) -> str:
@@ -62,7 +69,8 @@ def render_problem(preset: PromptPreset, a: int, b: int, op: int) -> str:
     for name, value in (("a", a), ("b", b)):
         if not 0 <= int(value) < 10**MAX_DIGITS:
             raise ValueError(f"operand {name} must be in 0..{10**MAX_DIGITS - 1}, got {value!r}")
-    return f"{preset.start}{int(a)}{preset.operators[int(op)]}{int(b)}{preset.end}"
+    width = MAX_DIGITS if preset.pad_digits else 0
+    return f"{preset.start}{int(a):0{width}d}{preset.operators[int(op)]}{int(b):0{width}d}{preset.end}"
 
 
 def system_prompt(preset: PromptPreset) -> str:
@@ -73,8 +81,9 @@ def system_prompt(preset: PromptPreset) -> str:
 @functools.lru_cache(maxsize=None)
 def message_spec(preset: PromptPreset) -> MessageSpec:
     """The slots and pieces of `preset`'s problem messages (one family: every code of every slot)."""
-    digits = [Slot(name, DIGIT_PIECES) for name in SLOT_NAMES[1:1 + MAX_DIGITS]]
-    digits_b = [Slot(name, DIGIT_PIECES) for name in SLOT_NAMES[2 + MAX_DIGITS:2 + 2 * MAX_DIGITS]]
+    pieces = PADDED_DIGIT_PIECES if preset.pad_digits else DIGIT_PIECES
+    digits = [Slot(name, pieces) for name in SLOT_NAMES[1:1 + MAX_DIGITS]]
+    digits_b = [Slot(name, pieces) for name in SLOT_NAMES[2 + MAX_DIGITS:2 + 2 * MAX_DIGITS]]
     return MessageSpec((Slot("start", (preset.start,)), *digits, Slot("op", tuple(preset.operators)), *digits_b,
                         Slot("end", (preset.end,))))
 

@@ -27,8 +27,10 @@ import numpy as np
 
 from envs.connect_four import game, text
 from envs.connect_four.teacher import Teacher
-from envs.core import Env, Episode, EvalSetting, ParsedReply, ReplyGrammar, RubricPart
-from jaxrl_llm.checks import ConfigError, check_choice, check_float, check_int, check_probability
+from envs import board_game
+from envs.board_game import BoardGameEnv
+from envs.core import EvalSetting, ParsedReply, ReplyGrammar
+from jaxrl_llm.checks import ConfigError, check_choice, check_int, check_probability
 
 
 class Example(NamedTuple):
@@ -81,11 +83,7 @@ class Params:
                               f"{game.ROWS} x {game.COLUMNS} (only the standard board is implemented); set rows = "
                               f"{game.ROWS}, columns = {game.COLUMNS}", ("rows",), "Params")
         check_int(self, "max_depth", 1, game.MAX_DEPTH)
-        for name in ("win_value", "draw_value", "loss_value"):
-            check_float(self, name)
-        check_float(self, "invalid_penalty", high=0.0)
-        for name in ("win_weight", "format_weight", "invalid_weight"):
-            check_float(self, name, low=0.0)
+        board_game.check_rubric(self)
 
     @property
     def preset(self) -> text.PromptPreset:
@@ -99,18 +97,7 @@ _GRAMMAR = ReplyGrammar(tag="move", content="cell", num_cells=game.COLUMNS, form
 
 def move_of(reply: ParsedReply) -> jax.Array:
     """The game's move code of a parsed reply: -1 no tag (NO_MOVE), the column, or 7 (INVALID_MOVE)."""
-    return jnp.where(~reply.found, game.NO_MOVE, jnp.where(reply.valid, reply.value, game.INVALID_MOVE)).astype(
-        jnp.int32)
-
-
-def outcome_metrics(outcome: jax.Array, done: jax.Array) -> dict[str, jax.Array]:
-    """0/1 per game: won, drawn, lost (the game ended so) or unfinished."""
-    return {
-        "win": (done & (outcome == game.OUTCOME_WIN)).astype(jnp.float32),
-        "draw": (done & (outcome == game.OUTCOME_DRAW)).astype(jnp.float32),
-        "loss": (done & (outcome == game.OUTCOME_LOSS)).astype(jnp.float32),
-        "unfinished": (~done).astype(jnp.float32),
-    }
+    return board_game.move_code(reply, game.NO_MOVE, game.INVALID_MOVE)
 
 
 def _check_depth(stage: Stage, params: Params) -> None:
@@ -119,16 +106,16 @@ def _check_depth(stage: Stage, params: Params) -> None:
                           "env.params.max_depth or lower the stage's depth", ("depth",), "Stage")
 
 
-class ConnectFour(Env):
+class ConnectFour(BoardGameEnv):
     """Connect Four (6 x 7) against the opponent mixture: random moves with probability p, else the search."""
 
     name = "connect_four"
     Params = Params
     Stage = Stage
     Teacher = Teacher
-    final_message = True
-    results_columns = (("W", "win"), ("D", "draw"), ("L", "loss"), ("format", "format"), ("invalid", "invalid"))
-    outcome_metrics = ("win", "draw", "loss", "unfinished")
+    game = game
+    text = text
+    grammar = _GRAMMAR
     human = None
 
     # ---- data ----
@@ -165,38 +152,8 @@ class ConnectFour(Env):
     def step(self, state: game.State, reply: ParsedReply, params: Params) -> game.State:
         return game.step(state, move_of(reply), params.max_depth)
 
-    def done(self, state: game.State) -> jax.Array:
-        return state.done
-
-    # ---- text ----
-    def system_prompt(self, params: Params) -> str:
-        return text.system_prompt(params.preset)
-
-    def message_spec(self, params: Params):
-        return text.message_spec(params.preset)
-
-    def message_codes(self, state: game.State, params: Params) -> jax.Array:
-        return text.message_codes(state)
-
-    def reply_grammar(self, params: Params) -> ReplyGrammar:
-        return _GRAMMAR
-
-    # ---- reward and metrics ----
-    def rubric(self, params: Params) -> tuple[RubricPart, ...]:
-        return (RubricPart("win", params.win_weight), RubricPart("format", params.format_weight),
-                RubricPart("invalid", params.invalid_weight))
-
-    def reward_parts(self, state: game.State, episode: Episode, params: Params) -> dict[str, jax.Array]:
-        win = jnp.select([state.done & (state.outcome == game.OUTCOME_WIN),
-                          state.done & (state.outcome == game.OUTCOME_DRAW)],
-                         [jnp.float32(params.win_value), jnp.float32(params.draw_value)], jnp.float32(params.loss_value))
-        invalid = jnp.where(state.invalid_moves > 0, jnp.float32(params.invalid_penalty), jnp.float32(0.0))
-        return {"win": win, "format": jnp.asarray(episode.format_score, jnp.float32), "invalid": invalid}
-
-    def metrics(self, state: game.State, episode: Episode, params: Params) -> dict[str, jax.Array]:
-        return {**outcome_metrics(state.outcome, state.done),
-                "invalid": (state.invalid_moves > 0).astype(jnp.float32),
-                "missing": (state.missing_moves > 0).astype(jnp.float32)}
+    def legal_moves(self, state: game.State) -> jax.Array:
+        return game.legal_columns(state.x, state.o) & ~state.done
 
     # ---- SFT ----
     def demonstrations(self, teacher: Teacher, key, params: Params, max_turns: int) -> list[dict]:

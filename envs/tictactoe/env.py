@@ -22,10 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs.core import Env, Episode, EvalSetting, HumanPlay, ParsedReply, ReplyGrammar, RubricPart
+from envs import board_game
+from envs.board_game import BoardGameEnv
+from envs.core import EvalSetting, HumanPlay, ParsedReply, ReplyGrammar
 from envs.tictactoe import game, text
 from envs.tictactoe.teacher import Teacher
-from jaxrl_llm.checks import ConfigError, check_choice, check_float, check_probability
+from jaxrl_llm.checks import ConfigError, check_choice, check_probability
 
 
 class Example(NamedTuple):
@@ -68,11 +70,7 @@ class Params:
 
     def __post_init__(self) -> None:
         check_choice(self, "prompt", tuple(text.PRESETS))
-        for name in ("win_value", "draw_value", "loss_value"):
-            check_float(self, name)
-        check_float(self, "invalid_penalty", high=0.0)
-        for name in ("win_weight", "format_weight", "invalid_weight"):
-            check_float(self, name, low=0.0)
+        board_game.check_rubric(self)
 
     @property
     def preset(self) -> text.PromptPreset:
@@ -86,8 +84,7 @@ _GRAMMAR = ReplyGrammar(tag="move", content="cell", num_cells=game.NUM_CELLS, fo
 
 def move_of(reply: ParsedReply) -> jax.Array:
     """The game's move code of a parsed reply: -1 no tag (NO_MOVE), the cell, or 9 (INVALID_MOVE)."""
-    return jnp.where(~reply.found, game.NO_MOVE, jnp.where(reply.valid, reply.value, game.INVALID_MOVE)).astype(
-        jnp.int32)
+    return board_game.move_code(reply, game.NO_MOVE, game.INVALID_MOVE)
 
 
 def _new_game() -> game.State:
@@ -120,26 +117,16 @@ def _opening(state, choice: str):
     return _apply_human(state, choice)._replace(status=np.int8(game.STATUS_START_OPP_FIRST))
 
 
-def outcome_metrics(outcome: jax.Array, done: jax.Array) -> dict[str, jax.Array]:
-    """0/1 per game (any shape): won, drawn, lost (the game ended so) or unfinished (it did not end)."""
-    return {
-        "win": (done & (outcome == game.OUTCOME_WIN)).astype(jnp.float32),
-        "draw": (done & (outcome == game.OUTCOME_DRAW)).astype(jnp.float32),
-        "loss": (done & (outcome == game.OUTCOME_LOSS)).astype(jnp.float32),
-        "unfinished": (~done).astype(jnp.float32),
-    }
-
-
-class TicTacToe(Env):
+class TicTacToe(BoardGameEnv):
     """Tic-Tac-Toe against the controlled minimax opponent (`shared/TICTACTOE_SPEC.md`)."""
 
     name = "tictactoe"
     Params = Params
     Stage = Stage
     Teacher = Teacher
-    final_message = True
-    results_columns = (("W", "win"), ("D", "draw"), ("L", "loss"), ("format", "format"), ("invalid", "invalid"))
-    outcome_metrics = ("win", "draw", "loss", "unfinished")
+    game = game
+    text = text
+    grammar = _GRAMMAR
     human = HumanPlay(new_game=_new_game, view=_view, choices=_choices, apply_model=_apply_model,
                       human_to_move=_human_to_move, apply_human=_apply_human, opening=_opening)
 
@@ -173,40 +160,8 @@ class TicTacToe(Env):
     def step(self, state: game.State, reply: ParsedReply, params: Params) -> game.State:
         return game.step(state, move_of(reply))
 
-    def done(self, state: game.State) -> jax.Array:
-        return state.done
-
-    # ---- text ----
-    def system_prompt(self, params: Params) -> str:
-        return text.system_prompt(params.preset)
-
-    def message_spec(self, params: Params):
-        return text.message_spec(params.preset)
-
-    def message_codes(self, state: game.State, params: Params) -> jax.Array:
-        return text.message_codes(state)
-
-    def reply_grammar(self, params: Params) -> ReplyGrammar:
-        return _GRAMMAR
-
-    # ---- reward and metrics ----
-    def rubric(self, params: Params) -> tuple[RubricPart, ...]:
-        return (RubricPart("win", params.win_weight), RubricPart("format", params.format_weight),
-                RubricPart("invalid", params.invalid_weight))
-
-    def reward_parts(self, state: game.State, episode: Episode, params: Params) -> dict[str, jax.Array]:
-        win = jnp.select([state.outcome == game.OUTCOME_WIN, state.outcome == game.OUTCOME_DRAW],
-                         [jnp.float32(params.win_value), jnp.float32(params.draw_value)],
-                         jnp.float32(params.loss_value))
-        invalid = jnp.where(state.invalid_moves > 0, jnp.float32(params.invalid_penalty), jnp.float32(0.0))
-        return {"win": win, "format": jnp.asarray(episode.format_score, jnp.float32), "invalid": invalid}
-
-    def metrics(self, state: game.State, episode: Episode, params: Params) -> dict[str, jax.Array]:
-        return {
-            **outcome_metrics(state.outcome, state.done),
-            "invalid": (state.invalid_moves > 0).astype(jnp.float32),
-            "missing": (state.missing_moves > 0).astype(jnp.float32),
-        }
+    def legal_moves(self, state: game.State) -> jax.Array:
+        return game.legal_moves(state.board) & ~state.done
 
     # ---- SFT ----
     def demonstrations(self, teacher: Teacher, key, params: Params, max_turns: int) -> list[dict]:
@@ -216,12 +171,12 @@ class TicTacToe(Env):
         return teacher.deterministic
 
     def check_rows(self, teacher: Teacher, params: Params) -> list[dict] | None:
-        """The best teacher's whole game tree (738 games): exact on all of them = plays like the teacher."""
+        """A deterministic teacher's whole game tree (738 games for "best"): exact on all = plays like it."""
         if not teacher.deterministic:
             return None
         from envs.tictactoe.teacher import exhaustive_expert_games, games_to_rows
 
-        return games_to_rows(exhaustive_expert_games(), params.prompt, reasoning=teacher.reasoning)
+        return games_to_rows(exhaustive_expert_games(teacher.kind), params.prompt, reasoning=teacher.reasoning)
 
     def example_info(self, example: Any) -> dict[str, Any]:
         return {"seed": int(np.asarray(example.seed)), "random_move_prob": float(np.asarray(example.random_move_prob))}
@@ -231,5 +186,5 @@ class TicTacToe(Env):
 def outcome_rates(outcome: jax.Array, done: jax.Array) -> dict[str, float]:
     """Win / draw / loss / unfinished rates of a batch of games from their outcome codes and done flags
     (host): the means of `outcome_metrics`, the one W/D/L summary (the demo and the baselines use it)."""
-    metrics = outcome_metrics(jnp.asarray(outcome), jnp.asarray(done))
+    metrics = board_game.outcome_metrics(jnp.asarray(outcome), jnp.asarray(done), game)
     return {k: float(np.mean(jax.device_get(v))) for k, v in metrics.items()}

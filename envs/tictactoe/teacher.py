@@ -4,7 +4,8 @@ Generation (on device). `expert_games_device` plays many games at once (`jit` + 
 over the model's turns) with the game's own `reset` / `step`: X, the model's side, is a teacher that with
 probability `explore` takes a uniformly random free cell and otherwise (kind "uniform") a uniform draw among ALL
 of `optimal_moves(board, X)` or (kind "best") the deterministic move of `best_move_table()`: the value-keeping
-move that wins most often against the random opponent; O is the game's own opponent with a per-game
+move that wins most often against the random opponent, or (kind "drawn") that of `drawn_move_table()`, one
+uniform draw among the value-keeping moves per board, made once; O is the game's own opponent with a per-game
 `random_move_prob` drawn uniformly in the teacher's opponent range. Per model turn it records the board before
 the move, the move, whether the teacher explored, the move's kind (`move_kind`, also on device) and the state
 that the next environment message renders. Move kinds, first that applies: win (the move completes three X in
@@ -104,7 +105,9 @@ def move_kind(board: jax.Array, move: jax.Array) -> jax.Array:
     return kind.astype(jnp.int8)
 
 
-TEACHERS = ("uniform", "best")
+TEACHERS = ("uniform", "best", "drawn")
+DETERMINISTIC_TEACHERS = ("best", "drawn")  # a fixed move per board: their whole game tree is finite
+DRAWN_SEED = 0  # the seed of the "drawn" teacher's one-off draw (`drawn_move_table`)
 REASONING_STYLES = ("templates", "none")
 
 
@@ -164,9 +167,45 @@ def best_move_table() -> np.ndarray:
     return best
 
 
-def teacher_win_rate_vs_random() -> float:
-    """The `best` teacher's exact win probability against the random opponent, first mover 50 / 50."""
-    table = best_move_table()
+@functools.lru_cache(maxsize=None)
+def drawn_move_table(seed: int = DRAWN_SEED) -> np.ndarray:
+    """-> int8[3^9]: the `drawn` teacher's move for X to move on each board (row `board_index`), -1 where none.
+
+    The uniform teacher made deterministic: on each board, one uniform draw among the moves that keep the
+    game-theoretic value (the same moves as `best_move_table` chooses from), made once with
+    `np.random.default_rng(seed)` over the boards in index order and then fixed. Unlike `best` it knows
+    nothing of which of those moves win more often; like `best` it never loses a drawn position, and its
+    games against every opponent form a small tree (`exhaustive_expert_games("drawn")`). Its exact win rate
+    against the random opponent is `teacher_win_rate_vs_random("drawn")`.
+    """
+    score = np.asarray(ttt.minimax_table()).astype(np.int32)
+    value = np.sign(score)
+    pow3 = 3 ** np.arange(9)
+    won, full = ttt.terminal_tables()
+    rng = np.random.default_rng(seed)
+    table = np.full(3 ** 9, -1, np.int8)
+    for index in range(3 ** 9):
+        board = (index // pow3) % 3
+        n_x, n_o = (board == ttt.X).sum(), (board == ttt.O).sum()
+        if won[index] or full[index] or not n_o - 1 <= n_x <= n_o:
+            continue
+        keep = [c for c in np.flatnonzero(board == ttt.EMPTY) if -value[index + ttt.X * pow3[c], 1] == value[index, 0]]
+        table[index] = keep[int(rng.integers(len(keep)))]
+    return table
+
+
+def move_table(kind: str) -> np.ndarray:
+    """The fixed move table of a deterministic teacher kind ("best" or "drawn")."""
+    if kind == "best":
+        return best_move_table()
+    if kind == "drawn":
+        return drawn_move_table()
+    raise ValueError(f"teacher kind {kind!r} has no fixed move table; use one of {DETERMINISTIC_TEACHERS}")
+
+
+def teacher_win_rate_vs_random(kind: str = "best") -> float:
+    """A deterministic teacher's exact win probability against the random opponent, first mover 50 / 50."""
+    table = move_table(kind)
     pow3 = 3 ** np.arange(9)
     won, full = ttt.terminal_tables()
 
@@ -190,7 +229,8 @@ def teacher_move(board: jax.Array, uniform: jax.Array, bits: jax.Array,
     (int32[] cell, bool[] explored).
 
     Explores (a uniformly random free cell) when uniform < p; otherwise `teacher` "uniform" draws uniformly among
-    all optimal X moves (`ttt.optimal_moves`), "best" plays `best_move_table()` (deterministic).
+    all optimal X moves (`ttt.optimal_moves`), "best" plays `best_move_table()` and "drawn" `drawn_move_table()`
+    (both deterministic).
     The random numbers come in as arguments (drawn for all games and turns at once by the caller): one vectorized
     draw compiles far faster on CPU than a key split per game and turn."""
     if teacher not in TEACHERS:
@@ -202,8 +242,8 @@ def teacher_move(board: jax.Array, uniform: jax.Array, bits: jax.Array,
     count = allowed.sum(dtype=jnp.uint32)
     target = (bits % jnp.maximum(count, 1)).astype(jnp.int32)  # the target-th allowed cell (0-based)
     move = jnp.argmax(jnp.cumsum(allowed.astype(jnp.int32)) > target)
-    if teacher == "best":
-        chosen = jnp.asarray(best_move_table())[ttt.board_index(board)].astype(move.dtype)
+    if teacher in DETERMINISTIC_TEACHERS:
+        chosen = jnp.asarray(move_table(teacher))[ttt.board_index(board)].astype(move.dtype)
         move = jnp.where(explored | (chosen < 0), move, chosen)
     return move.astype(jnp.int32), explored
 
@@ -305,11 +345,11 @@ def generate_expert_games(key: jax.Array, num_games: int, *, teacher_random_move
     return ExpertGames(*(np.asarray(x) for x in jax.device_get(games)))
 
 
-@functools.lru_cache(maxsize=1)
-def exhaustive_expert_games() -> ExpertGames:
-    """Every game the deterministic `best` teacher can meet, each once (NumPy ExpertGames, host).
+@functools.lru_cache(maxsize=None)
+def exhaustive_expert_games(kind: str = "best") -> ExpertGames:
+    """Every game a deterministic teacher (`best`, or `drawn`) can meet, each once (NumPy ExpertGames, host).
 
-    The teacher's moves are fixed (`best_move_table`), so the games it can play against ANY opponent form a
+    The teacher's moves are fixed (`move_table(kind)`), so the games it can play against ANY opponent form a
     small tree: the opponent's choices branch it (all 9 openings when O starts, every free cell at every
     reply). Its leaves are 1 000-odd complete games (a few hundred with X first), every position the teacher
     can face appears in them, and so an SFT set made of them covers every board a model that plays like the
@@ -317,7 +357,7 @@ def exhaustive_expert_games() -> ExpertGames:
     depth-first order of the opponent's cells. `random_move_prob` is -1 (no single opponent strength) and
     `seed` the game's index; statuses follow `envs.tictactoe.step`. Cached: do not modify the arrays.
     """
-    table = best_move_table()
+    table = move_table(kind)
     pow3 = 3 ** np.arange(9)
     cells = jnp.arange(9, dtype=jnp.int32)
 
@@ -497,13 +537,13 @@ def expert_rows(key: jax.Array, num_games: int, *, teacher_random_move_prob: flo
     """Play `num_games` expert games on device and return the kept ones as rows (one row a game).
 
     Lost and unfinished games are dropped, so there may be fewer than `num_games` rows. tree_copies > 0
-    (teacher "best" without exploration only) appends that many copies of `exhaustive_expert_games()`, the
+    (a deterministic teacher without exploration only) appends that many copies of `exhaustive_expert_games(teacher)`, the
     whole tree of games the teacher can meet, so every position it can face is in the data."""
     _preset(preset)
     if isinstance(tree_copies, bool) or not isinstance(tree_copies, (int, np.integer)) or tree_copies < 0:
         raise ValueError(f"tree_copies must be an int >= 0, got {tree_copies!r}")
-    if tree_copies and (teacher != "best" or teacher_random_move_prob > 0):
-        raise ValueError("tree_copies needs the deterministic teacher: teacher='best' and "
+    if tree_copies and (teacher not in DETERMINISTIC_TEACHERS or teacher_random_move_prob > 0):
+        raise ValueError(f"tree_copies needs a deterministic teacher: teacher in {DETERMINISTIC_TEACHERS} and "
                          f"teacher_random_move_prob=0 (got {teacher!r}, {teacher_random_move_prob})")
     if tree_copies and max_turns < MAX_MODEL_MOVES:
         raise ValueError(f"tree_copies needs max_turns >= {MAX_MODEL_MOVES} (a tree game has up to "
@@ -512,7 +552,7 @@ def expert_rows(key: jax.Array, num_games: int, *, teacher_random_move_prob: flo
                                   opponent_p_range=opponent_p_range, max_turns=max_turns, teacher=teacher)
     rows = games_to_rows(games, preset, reasoning=reasoning)
     if tree_copies:
-        rows += games_to_rows(exhaustive_expert_games(), preset, reasoning=reasoning) * int(tree_copies)
+        rows += games_to_rows(exhaustive_expert_games(teacher), preset, reasoning=reasoning) * int(tree_copies)
     return rows
 
 
@@ -525,12 +565,13 @@ def expert_rows(key: jax.Array, num_games: int, *, teacher_random_move_prob: flo
 class Teacher:
     """Tic-Tac-Toe SFT data: `num_games` games of a minimax teacher against the game's opponent.
 
-    kind: "uniform" (a uniform draw among the optimal moves) or "best" (the optimal move that wins most
-    often against the random opponent, deterministic); reasoning: "templates" (a short templated thought in
+    kind: "uniform" (a uniform draw among the optimal moves at every move), "best" (the optimal move that
+    wins most often against the random opponent, deterministic) or "drawn" (one uniform draw among the
+    optimal moves per board, made once and fixed: `drawn_move_table`, deterministic); reasoning: "templates" (a short templated thought in
     <think>) or "none" (an empty <think></think>); explore_prob: how often the teacher plays a uniformly
     random legal move instead (its replies stay well formatted); the opponent plays at p uniform in
-    [opponent_p_min, opponent_p_max] (None: = opponent_p_min); tree_copies: copies of every game the "best"
-    teacher can meet (its whole tree, 738 games) added to the sampled ones.
+    [opponent_p_min, opponent_p_max] (None: = opponent_p_min); tree_copies: copies of every game a
+    deterministic teacher can meet (its whole tree: 738 games for "best") added to the sampled ones.
     """
 
     num_games: int = 1000
@@ -553,8 +594,8 @@ class Teacher:
                 raise ConfigError(f"must be >= opponent_p_min ({self.opponent_p_min}), got {self.opponent_p_max}",
                                   ("opponent_p_max",), "Teacher")
         check_int(self, "tree_copies", 0)
-        if self.tree_copies and (self.kind != "best" or self.explore_prob > 0):
-            raise ConfigError('needs the deterministic teacher: kind = "best" and explore_prob = 0',
+        if self.tree_copies and (self.kind not in DETERMINISTIC_TEACHERS or self.explore_prob > 0):
+            raise ConfigError('needs a deterministic teacher: kind = "best" or "drawn", and explore_prob = 0',
                               ("tree_copies",), "Teacher")
 
     @property
@@ -564,8 +605,8 @@ class Teacher:
 
     @property
     def deterministic(self) -> bool:
-        """The best teacher without exploration: its whole game tree is a complete exactness check."""
-        return self.kind == "best" and self.explore_prob == 0
+        """A fixed-table teacher without exploration: its whole game tree is a complete exactness check."""
+        return self.kind in DETERMINISTIC_TEACHERS and self.explore_prob == 0
 
     def rows(self, key: jax.Array, preset: str, max_turns: int) -> list[dict]:
         """The SFT rows of this teacher (see `expert_rows`)."""

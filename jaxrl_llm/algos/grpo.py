@@ -65,6 +65,14 @@ class GrpoConfig:
         to the sampler's temperature, so that the ratio compares the same distributions (a stage sets
         it from its sampling temperature, not in the loss table).
     compute_entropy: also compute the policy's per-token entropy (a metric; no gradient).
+    skip_zero_advantage: with beta = 0 a row whose advantage is 0 (e.g. every row of a group whose rewards
+        are all equal) has an exactly zero gradient, so the update does not compute it. Each minibatch's rows
+        are ordered with the advantaged ones first, and a micro-batch whose rows all have advantage 0 skips
+        its forward and backward pass (`lax.cond`); its gradient is the exact zero, and the optimizer step
+        is the same. The params come out as without skipping (up to float summation order); the per-token
+        metrics (clip fractions, ratio, entropy) are then means over the computed rows. Use
+        grad_accum_steps > 1 for a finer granularity. Ignored when beta > 0 (the KL term has a gradient
+        on every row).
     """
 
     group_size: int = dataclasses.field(default=8, metadata=NOT_IN_TOML)
@@ -83,6 +91,7 @@ class GrpoConfig:
     shuffle: bool = True
     temperature: float = dataclasses.field(default=1.0, metadata=NOT_IN_TOML)
     compute_entropy: bool = True
+    skip_zero_advantage: bool = True
 
     def __post_init__(self):
         check_int(self, "group_size", 2)
@@ -122,7 +131,7 @@ def group_advantages(rewards: jax.Array, group_size: int, scale: str = "group", 
     A[i] = r[i] - mean_g(r)                       (scale "none")
     A[i] = (r[i] - mean_g(r)) / (std_g(r) + eps)  (scale "group")
     std_g is the SAMPLE (unbiased, ddof = 1) standard deviation over the group, as torch's default `std`
-    that TRL uses; eps = 1e-4 by default (TRL's). A group with equal rewards gets A = 0 (no NaN).
+    that TRL uses; eps = 1e-4 by default (TRL's). A group with equal rewards gets exactly A = 0.
     """
     rewards = jnp.asarray(rewards, jnp.float32)
     if rewards.ndim != 1 or rewards.shape[0] % group_size != 0:
@@ -134,7 +143,10 @@ def group_advantages(rewards: jax.Array, group_size: int, scale: str = "group", 
     if scale not in SCALE_REWARDS:
         raise ValueError(f"scale must be one of {SCALE_REWARDS} (got {scale!r})")
     groups = rewards.reshape(-1, group_size)
-    centred = groups - groups.mean(axis=1, keepdims=True)
+    # A group of equal rewards gets exactly 0: its float mean may differ from them by an ulp, which the
+    # std division would blow up to ~1e-4 (a spurious push on every row of the group).
+    equal = jnp.all(groups == groups[:, :1], axis=1, keepdims=True)
+    centred = jnp.where(equal, 0.0, groups - groups.mean(axis=1, keepdims=True))
     if scale == "group":
         std = jnp.sqrt(jnp.sum(centred**2, axis=1, keepdims=True) / (group_size - 1))
         centred = centred / (std + eps)
@@ -375,19 +387,35 @@ def grpo_update_step(
                               token_count, mb_rows, ent)
 
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+    skip = config.skip_zero_advantage and not use_ref
+
+    def micro_grads(p, micro, token_count, drop_key):
+        """(loss, sums), grads of one micro-batch; the exact zeros without computing when no row has an
+        advantage (skip_zero_advantage)."""
+        if not skip:
+            return grad_fn(p, micro, token_count, drop_key)
+
+        def zeros(p, micro, token_count, drop_key):
+            return ((jnp.zeros((), jnp.float32), {k: jnp.zeros((), jnp.float32) for k in _SUM_KEYS}),
+                    jax.tree_util.tree_map(jnp.zeros_like, p))
+
+        return jax.lax.cond(jnp.any(micro["adv"] != 0), grad_fn, zeros, p, micro, token_count, drop_key)
 
     def minibatch_step(carry, xs):
         p, o = carry
         mb, mb_key = xs
         token_count = jnp.sum(mb["mask"])
+        if skip and n_acc > 1:  # the rows with an advantage first, so that whole micro-batches can skip
+            order = jnp.argsort(mb["adv"] == 0, stable=True)
+            mb = jax.tree_util.tree_map(lambda x: x[order], mb)
         if n_acc == 1:
-            (loss, sums), grads = grad_fn(p, mb, token_count, mb_key)
+            (loss, sums), grads = micro_grads(p, mb, token_count, mb_key)
         else:
             micros = jax.tree_util.tree_map(lambda x: x.reshape((n_acc, micro_rows) + x.shape[1:]), mb)
 
             def accumulate(acc, xs):
                 micro, micro_key = xs
-                (loss, sums), grads = grad_fn(p, micro, token_count, micro_key)
+                (loss, sums), grads = micro_grads(p, micro, token_count, micro_key)
                 # Every micro-batch is normalised by the minibatch's totals: summing is the exact mean.
                 return jax.tree_util.tree_map(jnp.add, acc, (loss, sums, grads)), None
 

@@ -217,9 +217,9 @@ def teacher_forced_check(module, params, data: dict[str, np.ndarray], batch_size
 
     data: `tokenize_sft`'s arrays (N rows). Returns {"token_accuracy": float over the masked tokens,
     "exact": fraction of rows whose every masked token is the argmax, "exact_rows": bool[N],
-    "wrong_rows": [indices]}. On the teacher's
-    whole game tree (`envs.tictactoe.teacher.exhaustive_expert_games`) exact = 1.0 means that greedy decoding plays exactly
-    like the teacher against every opponent (no invalid move, never losing)."""
+    "wrong_rows": [indices]}. On an env's check rows
+    (`env.check_rows`: for a deterministic teacher, every game it can meet) exact = 1.0 means that greedy
+    decoding plays exactly like the teacher against every opponent."""
 
     @jax.jit
     def check(params, tokens, loss_mask):

@@ -2,9 +2,8 @@
 
 Each training command takes a TOML preset from `experiments/presets/` and `--set key=value` overrides,
 validated before anything compiles; the env is the preset's `[env] name`. `jaxrl-llm envs` lists the
-registered environments. `jaxrl-llm demo` plays a batch of Tic-Tac-Toe games on the accelerator with the
-pure environment (a uniformly random model side against the controlled minimax opponent) and prints the
-outcome table.
+registered environments. `jaxrl-llm demo ENV` plays a batch of an env's games on the accelerator with the
+pure environment (its random player against each evaluation opponent) and prints the metrics and games/s.
 """
 
 from __future__ import annotations
@@ -31,27 +30,33 @@ def _probability(text: str) -> float:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Random legal play against the opponent at each strength; prints W/D/L and games/s."""
+    """A random player against each of the env's evaluation opponents (`envs.random_play`): its metrics
+    and games/s, with no model."""
     import jax
 
-    from envs.tictactoe.demo import play_random_games
+    import envs
+    from envs.random_play import play_random, random_games
+    from jaxrl_llm.config import ConfigError, parse_override
 
-    print(f"JAX {jax.__version__} on {jax.devices()[0].platform}: {args.games} games per opponent strength")
-    print(f"{'opponent p':>10} | {'W %':>6} {'D %':>6} {'L %':>6} | {'games/s':>12}")
+    try:
+        params = {".".join(key): value for key, value in map(parse_override, args.set or ())}
+        env = envs.make(args.env, **params)
+    except (KeyError, TypeError, ValueError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"JAX {jax.__version__} on {jax.devices()[0].platform}: env {env.name}, {args.games} games of a random "
+          f"player per evaluation setting")
     rows = []
-    for p in args.p:
+    for setting in env.eval_settings():
         key = jax.random.PRNGKey(args.seed)
-        play_random_games(key, args.games, p)  # compile
+        jax.block_until_ready(random_games(env, key, args.games, setting.stage, args.max_turns))  # compile
         start = time.perf_counter()
-        result = play_random_games(key, args.games, p)
+        jax.block_until_ready(random_games(env, key, args.games, setting.stage, args.max_turns))
         elapsed = time.perf_counter() - start
-        row = {"p": p, **result, "games_per_s": args.games / elapsed}
-        rows.append(row)
-        print(
-            f"{p:>10.2f} | {100 * row['win']:6.1f} {100 * row['draw']:6.1f} {100 * row['loss']:6.1f} "
-            f"| {row['games_per_s']:12.0f}"
-        )
-    print("(p = 1 is the random opponent, p = 0 the optimal one; a random mover never beats the optimal one.)")
+        rates = play_random(env, key, args.games, setting.stage, args.max_turns)
+        rows.append({"setting": setting.name, **rates, "games_per_s": args.games / elapsed})
+        shown = "  ".join(f"{k} {100 * v:.1f}%" if k != "turns" else f"turns {v:.2f}" for k, v in rates.items())
+        print(f"{setting.name:>10} | {shown} | {args.games / elapsed:,.0f} games/s")
     print(json.dumps({"demo": rows}))
     return 0
 
@@ -319,10 +324,12 @@ def cmd_plot(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxrl-llm", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="play random games against the minimax opponent on device")
-    demo.add_argument("--games", type=_positive_int, default=16384, help="games per opponent strength")
-    demo.add_argument("--p", type=_probability, nargs="+", default=[1.0, 0.5, 0.0], help="opponent random-move probabilities")
+    demo = sub.add_parser("demo", help="an env's random player against its evaluation opponents, on device")
+    demo.add_argument("env", help="a registered env (`jaxrl-llm envs` lists them)")
+    demo.add_argument("--games", type=_positive_int, default=16384, help="games per evaluation setting")
+    demo.add_argument("--max-turns", type=_positive_int, default=64, help="replies per game at most")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--set", action="append", metavar="KEY=VALUE", help="an env param, e.g. prompt=tiny")
     demo.set_defaults(func=cmd_demo)
 
     def with_config(name: str, help: str, func):

@@ -1,0 +1,115 @@
+"""What the turn-based board games of the protocol share (Tic-Tac-Toe, Connect Four).
+
+A board game here is one reply a turn, `<move>k</move>` with k a move index, against a scripted opponent,
+scored by the spec's rubric:
+
+    win      win_value (1) for a win, draw_value (0.5) for a draw, loss_value (0) for a loss or an
+             unfinished game, x win_weight (1)
+    format   the mean of the replies' format flags, x format_weight (0.2)
+    invalid  invalid_penalty (-0.1) once if any reply was an invalid move, x invalid_weight (1)
+
+`BoardGameEnv` implements the protocol's text, rubric and metric methods from three class attributes:
+`game` (a module with reset/step, OUTCOME_WIN / DRAW / LOSS, NO_MOVE and INVALID_MOVE, a `State` with
+`done`, `outcome`, `invalid_moves` and `missing_moves`), `text` (a module with system_prompt(preset),
+message_spec(preset) and message_codes(state)) and `grammar` (the `ReplyGrammar`). A game adds its data
+(examples, eval settings), its dynamics and `legal_moves(state) -> bool[num_moves]`, which also gives
+`random_reply` (a uniformly random legal move; the demo and the random baselines use it).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from envs.core import Env, Episode, ParsedReply, ReplyGrammar, RubricPart
+from jaxrl_llm.checks import check_float
+
+RUBRIC_VALUES = ("win_value", "draw_value", "loss_value")
+RUBRIC_WEIGHTS = ("win_weight", "format_weight", "invalid_weight")
+
+
+def check_rubric(params: Any) -> None:
+    """Validates the rubric fields of a board game's Params (any finite values; penalty <= 0; weights >= 0)."""
+    for name in RUBRIC_VALUES:
+        check_float(params, name)
+    check_float(params, "invalid_penalty", high=0.0)
+    for name in RUBRIC_WEIGHTS:
+        check_float(params, name, low=0.0)
+
+
+def move_code(reply: ParsedReply, no_move: int, invalid_move: int) -> jax.Array:
+    """The game's move code of a parsed reply: `no_move` (no tag), the move, or `invalid_move` -> int32[]."""
+    return jnp.where(~reply.found, no_move, jnp.where(reply.valid, reply.value, invalid_move)).astype(jnp.int32)
+
+
+def outcome_metrics(outcome: jax.Array, done: jax.Array, game: ModuleType) -> dict[str, jax.Array]:
+    """0/1 per game (any shape): won, drawn, lost (the game ended so) or unfinished (it did not end)."""
+    return {
+        "win": (done & (outcome == game.OUTCOME_WIN)).astype(jnp.float32),
+        "draw": (done & (outcome == game.OUTCOME_DRAW)).astype(jnp.float32),
+        "loss": (done & (outcome == game.OUTCOME_LOSS)).astype(jnp.float32),
+        "unfinished": (~done).astype(jnp.float32),
+    }
+
+
+class BoardGameEnv(Env):
+    """The shared half of a board game env (see the module docstring); subclasses set `game`, `text`,
+    `grammar` and implement the data, the dynamics and `legal_moves`."""
+
+    game: ClassVar[ModuleType]
+    text: ClassVar[ModuleType]
+    grammar: ClassVar[ReplyGrammar]
+    final_message = True
+    results_columns = (("W", "win"), ("D", "draw"), ("L", "loss"), ("format", "format"), ("invalid", "invalid"))
+    outcome_metrics = ("win", "draw", "loss", "unfinished")
+
+    def move_of(self, reply: ParsedReply) -> jax.Array:
+        return move_code(reply, self.game.NO_MOVE, self.game.INVALID_MOVE)
+
+    def done(self, state: Any) -> jax.Array:
+        return state.done
+
+    def legal_moves(self, state: Any) -> jax.Array:
+        """bool[num_moves]: the moves the model may play now (all False once the game is over)."""
+        raise NotImplementedError
+
+    def random_reply(self, key: jax.Array, state: Any, params: Any) -> ParsedReply:
+        """A uniformly random legal move, well formatted (an invalid move when none is legal)."""
+        legal = self.legal_moves(state)
+        move = jax.random.categorical(key, jnp.where(legal, 0.0, -jnp.inf)).astype(jnp.int32)
+        return ParsedReply(value=jnp.where(legal.any(), move, 0), found=jnp.bool_(True), valid=legal.any(),
+                           format_ok=jnp.bool_(True))
+
+    # ---- text ----
+    def system_prompt(self, params: Any) -> str:
+        return self.text.system_prompt(params.preset)
+
+    def message_spec(self, params: Any):
+        return self.text.message_spec(params.preset)
+
+    def message_codes(self, state: Any, params: Any) -> jax.Array:
+        return self.text.message_codes(state)
+
+    def reply_grammar(self, params: Any) -> ReplyGrammar:
+        return self.grammar
+
+    # ---- reward and metrics ----
+    def rubric(self, params: Any) -> tuple[RubricPart, ...]:
+        return (RubricPart("win", params.win_weight), RubricPart("format", params.format_weight),
+                RubricPart("invalid", params.invalid_weight))
+
+    def reward_parts(self, state: Any, episode: Episode, params: Any) -> dict[str, jax.Array]:
+        game = self.game
+        win = jnp.select([state.done & (state.outcome == game.OUTCOME_WIN),
+                          state.done & (state.outcome == game.OUTCOME_DRAW)],
+                         [jnp.float32(params.win_value), jnp.float32(params.draw_value)], jnp.float32(params.loss_value))
+        invalid = jnp.where(state.invalid_moves > 0, jnp.float32(params.invalid_penalty), jnp.float32(0.0))
+        return {"win": win, "format": jnp.asarray(episode.format_score, jnp.float32), "invalid": invalid}
+
+    def metrics(self, state: Any, episode: Episode, params: Any) -> dict[str, jax.Array]:
+        return {**outcome_metrics(state.outcome, state.done, self.game),
+                "invalid": (state.invalid_moves > 0).astype(jnp.float32),
+                "missing": (state.missing_moves > 0).astype(jnp.float32)}

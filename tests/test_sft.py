@@ -617,3 +617,27 @@ def test_drawn_teacher_keeps_the_value_and_its_tree_and_win_rate_follow_its_tabl
     assert config.deterministic
     with pytest.raises(ValueError, match="no fixed move table"):
         teacher.move_table("uniform")
+
+
+def test_a_teacher_can_mix_its_tree_with_another_teachers_sampled_games():
+    """kind "drawn" + sample_kind "uniform": the drawn tree once, then uniform games (value-keeping moves
+    that are not always the drawn table's)."""
+    import re
+
+    config = teacher.Teacher(num_games=200, kind="drawn", sample_kind="uniform", reasoning="none", explore_prob=0.0,
+                             opponent_p_min=0.0, opponent_p_max=1.0, tree_copies=1)
+    rows = config.rows(jax.random.PRNGKey(0), "tiny", 8)
+    tree = teacher.games_to_rows(teacher.exhaustive_expert_games("drawn"), "tiny", reasoning="none")
+    sampled, tail = rows[:-len(tree)], rows[-len(tree):]
+    assert tail == tree and 150 < len(sampled) <= 200
+    table = teacher.drawn_move_table()
+    off_table = 0
+    for row in sampled:
+        g = row["info"]
+        board = [0 if c is None else (1 if c == "X" else 2) for c in g["initial_board"]]
+        assert g["outcome"] in ("win", "draw")  # uniform among value-keeping moves: never a loss
+        # The first move's board is the initial one: compare that move with the drawn table's.
+        off_table += int(table[sum(v * 3 ** i for i, v in enumerate(board))]) != g["moves"][0]
+    assert off_table > 20
+    with pytest.raises(Exception, match="sample_kind"):
+        teacher.Teacher(sample_kind="greedy")

@@ -533,18 +533,22 @@ def games_to_rows(games: ExpertGames, preset: str | text.PromptPreset = "referen
 def expert_rows(key: jax.Array, num_games: int, *, teacher_random_move_prob: float = 0.1,
                 opponent_p_range: Sequence[float] = (0.0, 1.0), preset: str = "reference",
                 max_turns: int = 8, teacher: str = "uniform", reasoning: str = "templates",
-                tree_copies: int = 0) -> list[dict]:
+                tree_copies: int = 0, tree_teacher: str | None = None) -> list[dict]:
     """Play `num_games` expert games on device and return the kept ones as rows (one row a game).
 
     Lost and unfinished games are dropped, so there may be fewer than `num_games` rows. tree_copies > 0
     (a deterministic teacher without exploration only) appends that many copies of `exhaustive_expert_games(teacher)`, the
-    whole tree of games the teacher can meet, so every position it can face is in the data."""
+    whole tree of games the teacher can meet, so every position it can face is in the data. tree_teacher:
+    the deterministic teacher whose tree that is (None: `teacher`), so that sampled games of one teacher
+    (e.g. "uniform") can be mixed with the tree of another (e.g. "drawn")."""
     _preset(preset)
     if isinstance(tree_copies, bool) or not isinstance(tree_copies, (int, np.integer)) or tree_copies < 0:
         raise ValueError(f"tree_copies must be an int >= 0, got {tree_copies!r}")
-    if tree_copies and (teacher not in DETERMINISTIC_TEACHERS or teacher_random_move_prob > 0):
+    tree_teacher = teacher if tree_teacher is None else tree_teacher
+    _check_choice("tree_teacher", tree_teacher, TEACHERS)
+    if tree_copies and (tree_teacher not in DETERMINISTIC_TEACHERS or teacher_random_move_prob > 0):
         raise ValueError(f"tree_copies needs a deterministic teacher: teacher in {DETERMINISTIC_TEACHERS} and "
-                         f"teacher_random_move_prob=0 (got {teacher!r}, {teacher_random_move_prob})")
+                         f"teacher_random_move_prob=0 (got {tree_teacher!r}, {teacher_random_move_prob})")
     if tree_copies and max_turns < MAX_MODEL_MOVES:
         raise ValueError(f"tree_copies needs max_turns >= {MAX_MODEL_MOVES} (a tree game has up to "
                          f"{MAX_MODEL_MOVES} model moves), got {max_turns}")
@@ -552,7 +556,7 @@ def expert_rows(key: jax.Array, num_games: int, *, teacher_random_move_prob: flo
                                   opponent_p_range=opponent_p_range, max_turns=max_turns, teacher=teacher)
     rows = games_to_rows(games, preset, reasoning=reasoning)
     if tree_copies:
-        rows += games_to_rows(exhaustive_expert_games(teacher), preset, reasoning=reasoning) * int(tree_copies)
+        rows += games_to_rows(exhaustive_expert_games(tree_teacher), preset, reasoning=reasoning) * int(tree_copies)
     return rows
 
 
@@ -571,7 +575,10 @@ class Teacher:
     <think>) or "none" (an empty <think></think>); explore_prob: how often the teacher plays a uniformly
     random legal move instead (its replies stay well formatted); the opponent plays at p uniform in
     [opponent_p_min, opponent_p_max] (None: = opponent_p_min); tree_copies: copies of every game a
-    deterministic teacher can meet (its whole tree: 738 games for "best") added to the sampled ones.
+    deterministic teacher can meet (its whole tree: 738 games for "best") added to the sampled ones;
+    sample_kind: the teacher of the `num_games` sampled games (None: `kind`). E.g. kind "drawn" with
+    sample_kind "uniform": the drawn teacher's tree plus games whose every move is a fresh uniform draw
+    among the value-keeping moves, so the model also puts some mass on the other value-keeping moves.
     """
 
     num_games: int = 1000
@@ -581,10 +588,13 @@ class Teacher:
     opponent_p_min: float = 0.5
     opponent_p_max: float | None = None
     tree_copies: int = 0
+    sample_kind: str | None = None
 
     def __post_init__(self) -> None:
         check_int(self, "num_games", 1)
         check_choice(self, "kind", TEACHERS)
+        if self.sample_kind is not None:
+            check_choice(self, "sample_kind", TEACHERS)
         check_choice(self, "reasoning", REASONING_STYLES)
         check_probability(self, "explore_prob")
         check_probability(self, "opponent_p_min")
@@ -612,4 +622,5 @@ class Teacher:
         """The SFT rows of this teacher (see `expert_rows`)."""
         return expert_rows(key, self.num_games, teacher_random_move_prob=self.explore_prob,
                            opponent_p_range=self.opponent_p_range, preset=preset, max_turns=max_turns,
-                           teacher=self.kind, reasoning=self.reasoning, tree_copies=self.tree_copies)
+                           teacher=self.sample_kind or self.kind, reasoning=self.reasoning,
+                           tree_copies=self.tree_copies, tree_teacher=self.kind)

@@ -7,10 +7,14 @@ lengths; else random weights, whose games end early on invalid moves):
 * whole steps: `train.grpo_loop.make_grpo_step` (the jitted step the trainer runs), compiled first, then
   `--steps` calls; trained games/s = batch / median step time;
 * rollout alone: the stage's rollout jitted by itself (`time_stage_rollout`), best of `--repeats`;
-* update alone: `algos.grpo.make_grpo_update` on one batch of that rollout, best of `--repeats`;
-* the update's FLOPs: XLA's `cost_analysis()` of the compiled update (its "flops": every op, matmuls
-  and the rest, as XLA counts them), as FLOP/s and as a share of the float32 matmul peak measured in the
-  same run (`machine.matmul_peak_flops`).
+* update alone: `algos.grpo.make_grpo_update` on one batch of that rollout, best of `--repeats`, twice:
+  as the trainer runs it (`skip_zero_advantage`: micro-batches whose rows all have advantage 0 skip their
+  forward/backward; `--grad-accum-steps` micro-batches per minibatch) and computing every row (the
+  FLOP-share figure: XLA counts both branches of the skip's `lax.cond`); the batch's share of groups
+  without reward spread is printed with them;
+* the update's FLOPs: XLA's `cost_analysis()` of the compiled every-row update (its "flops": every op,
+  matmuls and the rest, as XLA counts them), as FLOP/s and as a share of the float32 matmul peak measured
+  in the same run (`machine.matmul_peak_flops`).
 Target (issue 15): update <= 2x rollout and >= 40 % of the peak. Prints the machine facts first and one
 JSON object last.
 
@@ -43,6 +47,8 @@ def main() -> None:
     parser.add_argument("--stage", type=int, default=0)
     parser.add_argument("--steps", type=int, default=4, help="timed whole steps after the compiling one")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--grad-accum-steps", type=int, default=4,
+                        help="micro-batches per minibatch (the skip's granularity); must divide its rows")
     args = parser.parse_args()
 
     from jaxrl_llm import train
@@ -58,7 +64,9 @@ def main() -> None:
     peak = matmul_peak_flops()
     print(f"float32 matmul peak through JAX: {peak / 1e9:.0f} GFLOP/s", flush=True)
 
-    config = load_config(args.preset, ['run.output_dir="/tmp/train_throughput_unused"'], check_paths=False)
+    config = load_config(args.preset, ['run.output_dir="/tmp/train_throughput_unused"',
+                                       f"grpo.{args.stage}.loss.grad_accum_steps={args.grad_accum_steps}"],
+                         check_paths=False)
     comp = train.build(config)
     s = config.grpo[args.stage]
     use_ckpt = Path(args.checkpoint, "config.json").is_file()
@@ -93,21 +101,29 @@ def main() -> None:
     traj = jax.block_until_ready(run(params, examples, key))
     rollout_s = best_seconds(lambda: run(params, examples, key), args.repeats, warmup=False)
 
-    # Update alone on that batch; its FLOPs as XLA counts them.
-    update = make_grpo_update(comp.module, optimizer, s.grpo_config())
+    # Update alone on that batch, as the trainer runs it (skipping) and computing every row; the FLOPs
+    # (XLA's count) of the every-row update.
+    import dataclasses
+
     args_u = (traj.tokens, traj.loss_mask, traj.logprobs, traj.reward, key)
-    lowered = update.jitted.lower(params, optimizer.init(params), None, *args_u)
-    cost = lowered.compile().cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    flops = float(cost.get("flops", float("nan")))
-
-    def one_update():
-        q = jax.tree_util.tree_map(lambda x: x.copy(), params)
-        return update(q, placed_like_outputs(optimizer.init(q)), *args_u)[0]
-
-    jax.block_until_ready(one_update())
     copy_s = best_seconds(lambda: jax.tree_util.tree_map(lambda x: x.copy(), params), args.repeats, warmup=False)
-    update_s = max(best_seconds(one_update, args.repeats, warmup=False) - copy_s, 1e-9)
+    timed, flops = {}, float("nan")
+    for name, skip in (("skip", True), ("every_row", False)):
+        update = make_grpo_update(comp.module, optimizer, dataclasses.replace(s.grpo_config(), skip_zero_advantage=skip))
+        if not skip:
+            cost = update.jitted.lower(params, optimizer.init(params), None, *args_u).compile().cost_analysis()
+            cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+            flops = float(cost.get("flops", float("nan")))
+
+        def one_update(update=update):
+            q = jax.tree_util.tree_map(lambda x: x.copy(), params)
+            return update(q, placed_like_outputs(optimizer.init(q)), *args_u)[0]
+
+        jax.block_until_ready(one_update())
+        timed[name] = max(best_seconds(one_update, args.repeats, warmup=False) - copy_s, 1e-9)
+    update_s, every_row_s = timed["skip"], timed["every_row"]
+    rewards = np.asarray(traj.reward).reshape(-1, s.group_size)
+    zero_std = float(np.mean(np.all(rewards == rewards[:, :1], axis=1)))
 
     length = int(np.asarray(traj.length).max())
     sampled = float(np.asarray(traj.loss_mask).sum())
@@ -118,16 +134,20 @@ def main() -> None:
         "sampled_tokens": sampled, "compile_s": compile_s, "step_s": step_s, "step_times": times,
         "second_call_recompiled": recompiled, "games_per_s": s.batch_size / step_s,
         "rollout_s": rollout_s, "update_s": update_s, "update_over_rollout": update_s / rollout_s,
-        "update_flops": flops, "flops_source": "XLA cost_analysis of the compiled update",
-        "update_gflops_per_s": flops / update_s / 1e9, "update_share_of_peak": flops / update_s / peak,
+        "grad_accum_steps": args.grad_accum_steps, "frac_zero_std_groups": zero_std,
+        "update_every_row_s": every_row_s, "every_row_over_rollout": every_row_s / rollout_s,
+        "update_flops": flops, "flops_source": "XLA cost_analysis of the compiled every-row update",
+        "update_gflops_per_s": flops / every_row_s / 1e9, "update_share_of_peak": flops / every_row_s / peak,
     }
     row["target_update_le_2x_rollout"] = row["update_over_rollout"] <= 2.0
     row["target_40pct_of_peak"] = row["update_share_of_peak"] >= 0.40
     print(f"compile + first step {compile_s:.1f} s; whole step {step_s:.2f} s (median of {len(times)}) = "
           f"{row['games_per_s']:.1f} trained games/s; second call recompiled: {recompiled}")
     print(f"rollout {rollout_s:.2f} s, update {update_s:.2f} s: update = {row['update_over_rollout']:.2f}x rollout "
-          f"(target <= 2x: {'met' if row['target_update_le_2x_rollout'] else 'NOT met'})")
-    print(f"update {flops / 1e9:.1f} GFLOP (XLA cost analysis) in {update_s:.2f} s = "
+          f"(target <= 2x: {'met' if row['target_update_le_2x_rollout'] else 'NOT met'}); "
+          f"{zero_std:.0%} of the groups have no reward spread and skip; computing every row: {every_row_s:.2f} s "
+          f"= {row['every_row_over_rollout']:.2f}x rollout")
+    print(f"every-row update {flops / 1e9:.1f} GFLOP (XLA cost analysis) in {every_row_s:.2f} s = "
           f"{row['update_gflops_per_s']:.1f} GFLOP/s = {row['update_share_of_peak']:.1%} of the matmul peak "
           f"(target >= 40 %: {'met' if row['target_40pct_of_peak'] else 'NOT met'}); games: longest "
           f"{length} tokens of the {s.rollout.context_length} the update is padded to")

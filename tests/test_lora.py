@@ -72,7 +72,8 @@ def test_fresh_adapters_equal_the_base_in_every_path(base):
     plain, adapted = Lfm2ForCausalLM(CFG), lora.LoraLfm2(Lfm2ForCausalLM(CFG), config)
     joined = lora.join(base, adapters)
     tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 7), 0, CFG.vocab_size)
-    np.testing.assert_array_equal(_apply(adapted, joined, tokens)[0], _apply(plain, base, tokens)[0])
+    # Equal up to float rounding: XLA may fuse the exact-zero B term differently (seen: 9e-8 on one CI run).
+    np.testing.assert_allclose(_apply(adapted, joined, tokens)[0], _apply(plain, base, tokens)[0], rtol=0, atol=1e-6)
     # the cached path: a ragged prefill, then one decode step
     num_valid = jnp.array([7, 5], jnp.int32)
     outs = []

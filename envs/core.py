@@ -35,7 +35,8 @@ What an environment provides (shapes are per game; vmap over a leading batch axi
               `check_rows(teacher, params)`: SFT data as prompt/completion rows and an exactness check;
               `human: HumanPlay | None` for `jaxrl-llm play`; `random_reply(key, state, params) ->
               ParsedReply`: a random reply for baselines and `jaxrl-llm demo` (default: a uniform value of
-              the reply grammar; a game overrides it with a uniformly random legal move).
+              the reply grammar; a game overrides it with a uniformly random legal move);
+              `tokenizer_corpus(params) -> [str]` (host): text to train a project tokenizer on.
 
 `Episode` is what the rollout knows about a game that the env does not (format score, replies, cuts).
 """
@@ -384,6 +385,14 @@ class Env:
         else:
             value = jnp.int32(0)
         return ParsedReply.of(value)
+
+    # ---- optional: text for training a tokenizer ----
+    def tokenizer_corpus(self, params: Any) -> list[str]:
+        """Host: text to train a project tokenizer on (`jaxrl_llm.text.build_tokenizer`). Default: the system
+        prompt, every piece of every message slot and the grammar's example replies."""
+        spec = self.message_spec(params)
+        pieces = [piece for slot in spec.slots for piece in slot.pieces if piece]
+        return [self.system_prompt(params), *pieces, *self.reply_grammar(params).example_replies]
 
     # ---- optional: SFT demonstrations ----
     def demonstrations(self, teacher: Any, key: jax.Array, params: Any, max_turns: int) -> list[dict]:

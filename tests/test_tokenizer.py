@@ -6,7 +6,7 @@ import pytest
 
 import reference_text as ref
 from envs.tictactoe import text
-from envs.tictactoe.build_tokenizer import build
+from jaxrl_llm.text.build_tokenizer import build
 from jaxrl_llm.text.tokenizer import ASSET_DIR, CHAT_TEMPLATE, check_tokenizer, load_tokenizer
 
 
@@ -90,3 +90,21 @@ def test_check_tokenizer_names_what_is_missing(tok):
     with pytest.raises(ValueError, match="chat template"):
         check_tokenizer(no_template)
     assert CHAT_TEMPLATE.startswith("{{- bos_token -}}")
+
+
+def test_any_env_can_train_a_project_tokenizer_through_the_protocol(tmp_path):
+    """`build(env_names=...)` takes each env's `tokenizer_corpus` (arithmetic: the protocol's default, its
+    system prompt, message pieces and example replies); the result passes the text bridge's checks."""
+    import envs
+    from jaxrl_llm.text.build_tokenizer import corpus
+
+    arithmetic = envs.make("arithmetic")
+    texts = corpus(["arithmetic"])
+    assert arithmetic.system_prompt(arithmetic.params) in texts and "-17" in " ".join(texts)
+    assert texts[-3:] == ["system\n", "user\n", "assistant\n"]
+    assert corpus() == envs.make("tictactoe").tokenizer_corpus(None) + ["system\n", "user\n", "assistant\n"] * 50
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(build(tmp_path, ["arithmetic", "connect_four"])))
+    check_tokenizer(tok)
+    assert all(len(tok(str(d), add_special_tokens=False)["input_ids"]) == 1 for d in range(10))

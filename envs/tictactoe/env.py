@@ -163,6 +163,14 @@ class TicTacToe(BoardGameEnv):
     def legal_moves(self, state: game.State) -> jax.Array:
         return game.legal_moves(state.board) & ~state.done
 
+    # ---- text for the project tokenizer ----
+    def tokenizer_corpus(self, params: Params) -> list[str]:
+        """Every message form on every reachable board of both long prompt presets, and reasoning phrases:
+        the text the shipped project tokenizer was trained on (`envs.tictactoe.corpus`)."""
+        from envs.tictactoe.corpus import corpus
+
+        return corpus()
+
     # ---- SFT ----
     def demonstrations(self, teacher: Teacher, key, params: Params, max_turns: int) -> list[dict]:
         return teacher.rows(key, params.prompt, max_turns)

@@ -12,8 +12,7 @@ A final message closes the completion when the env has one; it is a user turn, s
 `load_sft_dataset` reads the same layout from a `save_to_disk` folder (a `DatasetDict` gives its `train` split),
 a JSON Lines / JSON / Parquet file, a folder of Parquet or JSON files (a downloaded Hub snapshot of the public
 dataset), or a TFDS folder written by `export_tfds`; only `prompt` and `completion` are required, other columns
-are kept as they are. Rows are made by an env's teacher (`env.demonstrations`, e.g.
-`envs.tictactoe.teacher`).
+are kept as they are. Rows are made by an env's teacher (`env.demonstrations` with the env's `Teacher`).
 
 TFDS (optional, extra `tfds`): `export_tfds` writes the rows with a `tfds.core.GeneratorBasedBuilder` as
 `array_record` files; that path needs no TensorFlow (checked with tensorflow-datasets 4.9 and array-record 0.8).

@@ -1,7 +1,7 @@
 """Tokenizers: load any Hugging Face tokenizer (or the project's own), check it has what the text bridge needs.
 
-The project's tokenizer is a small byte-level BPE trained on the Tic-Tac-Toe environment's text, shipped in
-`jaxrl_llm/assets/tokenizer/` and rebuilt deterministically by `python -m envs.tictactoe.build_tokenizer`.
+The project's tokenizer is a small byte-level BPE trained on the default env's text (`Env.tokenizer_corpus`),
+shipped in `jaxrl_llm/assets/tokenizer/` and rebuilt deterministically by `python -m jaxrl_llm.text.build_tokenizer`.
 It carries LFM2's chat special tokens and a ChatML chat template that behaves like LFM2's:
 
     <|startoftext|><|im_start|>system\\n{system}<|im_end|>\\n<|im_start|>user\\n{user}<|im_end|>\\n...
@@ -63,7 +63,7 @@ def load_tokenizer(path: str | Path | None = None):
     if not folder.is_dir():
         raise FileNotFoundError(
             f"no tokenizer folder at {folder}; pass a local folder holding tokenizer.json / tokenizer_config.json"
-            + (" (rebuild the project's own with `python -m envs.tictactoe.build_tokenizer`)" if path is None else "")
+            + (" (rebuild the project's own with `python -m jaxrl_llm.text.build_tokenizer`)" if path is None else "")
         )
     return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)  # never run a folder's code
 

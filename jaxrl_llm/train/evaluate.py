@@ -87,7 +87,7 @@ def evaluate(comp: Components, params, settings: Sequence[str] | None = None, nu
 
 
 def exactness_check(comp: Components, params) -> dict[str, Any] | None:
-    """`sft.teacher_forced_check` on the env's check rows for the config's teacher (for Tic-Tac-Toe's best
+    """`sft.teacher_forced_check` on the env's check rows for the config's teacher (for a deterministic
     teacher, every game it can meet: exact = 1.0 means greedy play equals the teacher's against any
     opponent), or None when the env has none."""
     from jaxrl_llm.algos import sft

@@ -66,9 +66,6 @@ class BoardGameEnv(Env):
     results_columns = (("W", "win"), ("D", "draw"), ("L", "loss"), ("format", "format"), ("invalid", "invalid"))
     outcome_metrics = ("win", "draw", "loss", "unfinished")
 
-    def move_of(self, reply: ParsedReply) -> jax.Array:
-        return move_code(reply, self.game.NO_MOVE, self.game.INVALID_MOVE)
-
     def done(self, state: Any) -> jax.Array:
         return state.done
 

@@ -193,6 +193,6 @@ class TicTacToe(BoardGameEnv):
 
 def outcome_rates(outcome: jax.Array, done: jax.Array) -> dict[str, float]:
     """Win / draw / loss / unfinished rates of a batch of games from their outcome codes and done flags
-    (host): the means of `outcome_metrics`, the one W/D/L summary (the demo and the baselines use it)."""
+    (host): the means of `board_game.outcome_metrics`, the one W/D/L summary (the baselines use it)."""
     metrics = board_game.outcome_metrics(jnp.asarray(outcome), jnp.asarray(done), game)
     return {k: float(np.mean(jax.device_get(v))) for k, v in metrics.items()}

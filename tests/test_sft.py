@@ -622,7 +622,6 @@ def test_drawn_teacher_keeps_the_value_and_its_tree_and_win_rate_follow_its_tabl
 def test_a_teacher_can_mix_its_tree_with_another_teachers_sampled_games():
     """kind "drawn" + sample_kind "uniform": the drawn tree once, then uniform games (value-keeping moves
     that are not always the drawn table's)."""
-    import re
 
     config = teacher.Teacher(num_games=200, kind="drawn", sample_kind="uniform", reasoning="none", explore_prob=0.0,
                              opponent_p_min=0.0, opponent_p_max=1.0, tree_copies=1)
@@ -641,3 +640,20 @@ def test_a_teacher_can_mix_its_tree_with_another_teachers_sampled_games():
     assert off_table > 20
     with pytest.raises(Exception, match="sample_kind"):
         teacher.Teacher(sample_kind="greedy")
+
+
+def test_random_legal_mover_data_keep_their_losses():
+    """explore_prob = 1 against the random opponent: every game of the random legal mover, lost ones too
+    when keep_losses (Experiment B's format-only SFT data); each move is on a free cell of its board."""
+    kwargs = dict(num_games=300, reasoning="none", explore_prob=1.0, opponent_p_min=1.0)
+    kept = teacher.Teacher(keep_losses=True, **kwargs).rows(jax.random.PRNGKey(3), "tiny", 8)
+    filtered = teacher.Teacher(**kwargs).rows(jax.random.PRNGKey(3), "tiny", 8)
+    outcomes = [row["info"]["outcome"] for row in kept]
+    assert len(kept) == 300 and 40 < outcomes.count("loss") < 140  # random vs random: X loses ~30 %
+    assert [r for r in kept if r["info"]["outcome"] != "loss"] == filtered
+    for row in kept:
+        g = row["info"]
+        board = [c is not None for c in g["initial_board"]]
+        assert not board[g["moves"][0]] and all(g["explored"])
+    with pytest.raises(ValueError, match="keep_losses"):
+        teacher.Teacher(keep_losses="yes")

@@ -533,10 +533,10 @@ def games_to_rows(games: ExpertGames, preset: str | text.PromptPreset = "referen
 def expert_rows(key: jax.Array, num_games: int, *, teacher_random_move_prob: float = 0.1,
                 opponent_p_range: Sequence[float] = (0.0, 1.0), preset: str = "reference",
                 max_turns: int = 8, teacher: str = "uniform", reasoning: str = "templates",
-                tree_copies: int = 0, tree_teacher: str | None = None) -> list[dict]:
+                tree_copies: int = 0, tree_teacher: str | None = None, keep_losses: bool = False) -> list[dict]:
     """Play `num_games` expert games on device and return the kept ones as rows (one row a game).
 
-    Lost and unfinished games are dropped, so there may be fewer than `num_games` rows. tree_copies > 0
+    Unfinished games are dropped, and so are lost ones unless keep_losses, so there may be fewer than `num_games` rows. tree_copies > 0
     (a deterministic teacher without exploration only) appends that many copies of `exhaustive_expert_games(teacher)`, the
     whole tree of games the teacher can meet, so every position it can face is in the data. tree_teacher:
     the deterministic teacher whose tree that is (None: `teacher`), so that sampled games of one teacher
@@ -554,7 +554,7 @@ def expert_rows(key: jax.Array, num_games: int, *, teacher_random_move_prob: flo
                          f"{MAX_MODEL_MOVES} model moves), got {max_turns}")
     games = generate_expert_games(key, num_games, teacher_random_move_prob=teacher_random_move_prob,
                                   opponent_p_range=opponent_p_range, max_turns=max_turns, teacher=teacher)
-    rows = games_to_rows(games, preset, reasoning=reasoning)
+    rows = games_to_rows(games, preset, keep_losses=keep_losses, reasoning=reasoning)
     if tree_copies:
         rows += games_to_rows(exhaustive_expert_games(tree_teacher), preset, reasoning=reasoning) * int(tree_copies)
     return rows
@@ -579,6 +579,9 @@ class Teacher:
     sample_kind: the teacher of the `num_games` sampled games (None: `kind`). E.g. kind "drawn" with
     sample_kind "uniform": the drawn teacher's tree plus games whose every move is a fresh uniform draw
     among the value-keeping moves, so the model also puts some mass on the other value-keeping moves.
+    keep_losses: keep the sampled games X lost (default: dropped, as the reference's filtered data set). With
+    explore_prob = 1 and opponent_p_min = 1 the data are then the random legal mover's games against the
+    random opponent, unfiltered: they teach the format and the legal moves and no strategy.
     """
 
     num_games: int = 1000
@@ -589,6 +592,7 @@ class Teacher:
     opponent_p_max: float | None = None
     tree_copies: int = 0
     sample_kind: str | None = None
+    keep_losses: bool = False
 
     def __post_init__(self) -> None:
         check_int(self, "num_games", 1)
@@ -604,6 +608,8 @@ class Teacher:
                 raise ConfigError(f"must be >= opponent_p_min ({self.opponent_p_min}), got {self.opponent_p_max}",
                                   ("opponent_p_max",), "Teacher")
         check_int(self, "tree_copies", 0)
+        if not isinstance(self.keep_losses, bool):
+            raise ConfigError(f"must be true or false, got {self.keep_losses!r}", ("keep_losses",), "Teacher")
         if self.tree_copies and (self.kind not in DETERMINISTIC_TEACHERS or self.explore_prob > 0):
             raise ConfigError('needs a deterministic teacher: kind = "best" or "drawn", and explore_prob = 0',
                               ("tree_copies",), "Teacher")
@@ -623,4 +629,4 @@ class Teacher:
         return expert_rows(key, self.num_games, teacher_random_move_prob=self.explore_prob,
                            opponent_p_range=self.opponent_p_range, preset=preset, max_turns=max_turns,
                            teacher=self.sample_kind or self.kind, reasoning=self.reasoning,
-                           tree_copies=self.tree_copies, tree_teacher=self.kind)
+                           tree_copies=self.tree_copies, tree_teacher=self.kind, keep_losses=self.keep_losses)

@@ -73,6 +73,10 @@ class BoardGameEnv(Env):
         """bool[num_moves]: the moves the model may play now (all False once the game is over)."""
         raise NotImplementedError
 
+    def legal_choices(self, state: Any, params: Any) -> jax.Array:
+        """bool[num_moves]: the protocol's legal choices of the "cell" grammar: `legal_moves`."""
+        return self.legal_moves(state)
+
     def random_reply(self, key: jax.Array, state: Any, params: Any) -> ParsedReply:
         """A uniformly random legal move, well formatted (an invalid move when none is legal)."""
         legal = self.legal_moves(state)

@@ -36,7 +36,9 @@ What an environment provides (shapes are per game; vmap over a leading batch axi
               `human: HumanPlay | None` for `jaxrl-llm play`; `random_reply(key, state, params) ->
               ParsedReply`: a random reply for baselines and `jaxrl-llm demo` (default: a uniform value of
               the reply grammar; a game overrides it with a uniformly random legal move);
-              `tokenizer_corpus(params) -> [str]` (host): text to train a project tokenizer on.
+              `tokenizer_corpus(params) -> [str]` (host): text to train a project tokenizer on;
+              `legal_choices(state, params) -> bool[C] | None`: for a "cell" grammar (C = num_cells) the
+              choices legal now (default None: the env cannot say); `num_legal_choices` counts them.
 
 `Episode` is what the rollout knows about a game that the env does not (format score, replies, cuts).
 """
@@ -370,6 +372,17 @@ class Env:
             leaves = jax.tree_util.tree_leaves(example)
             fields = {"example": leaves[0]} if len(leaves) == 1 else {f"example_{i}": v for i, v in enumerate(leaves)}
         return {k: np.asarray(v).item() for k, v in fields.items()}
+
+    # ---- optional: the legal choices ----
+    def legal_choices(self, state: Any, params: Any) -> jax.Array | None:
+        """bool[C]: for a "cell" reply grammar (C = num_cells), entry c says whether choice c is legal now
+        (all False once the game is over). None: the env cannot say (the default). Jittable, vmappable."""
+        return None
+
+    def num_legal_choices(self, state: Any, params: Any) -> jax.Array | None:
+        """int32[]: how many choices are legal now (from `legal_choices`); None where the env cannot say."""
+        legal = self.legal_choices(state, params)
+        return None if legal is None else jnp.sum(legal, axis=-1, dtype=jnp.int32)
 
     # ---- optional: a random player ----
     def random_reply(self, key: jax.Array, state: Any, params: Any) -> ParsedReply:

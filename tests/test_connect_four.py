@@ -388,6 +388,9 @@ def test_config_errors_are_named():
         ENV.sample_examples(jax.random.PRNGKey(0), 4, 2, c4env.Stage(0.0, 1.0, 4))
     with pytest.raises(ConfigError, match="prompt"):
         envs.make("connect_four", prompt="huge")
+    from envs.connect_four.teacher import Teacher
+    with pytest.raises(ConfigError, match="tie_break"):
+        Teacher(tie_break="left")
     assert [s.name for s in ENV.eval_settings()] == ["random", "depth1", "depth2"]
 
 
@@ -398,12 +401,15 @@ def test_sample_examples_group_and_stratify():
     assert sorted(np.floor(probs[:, 0] * 8).astype(int).tolist()) == list(range(8))
 
 
-def test_teacher_rows_replay_on_the_reference():
-    """Teacher games (depth 2 vs depth 1): every reply is a best column of the reference search at depth 2,
-    and every message is the independent rendering of the reference board."""
+@pytest.mark.parametrize("tie_break", ["uniform", "center"])
+def test_teacher_rows_replay_on_the_reference(tie_break):
+    """Teacher games (depth 2 vs depth 1): every reply is a best column of the reference search at depth 2
+    (with tie_break "center", one of the best columns nearest column 3), and every message is the
+    independent rendering of the reference board."""
     from envs.connect_four.teacher import Teacher
 
-    rows = ENV.demonstrations(Teacher(num_games=6, depth=2, opponent_depth=1), jax.random.PRNGKey(0), ENV.params, 21)
+    teacher = Teacher(num_games=6, depth=2, opponent_depth=1, tie_break=tie_break)
+    rows = ENV.demonstrations(teacher, jax.random.PRNGKey(0), ENV.params, 21)
     assert rows
     for row in rows:
         msgs = [row["prompt"][1]] + row["completion"]
@@ -414,7 +420,10 @@ def test_teacher_rows_replay_on_the_reference():
         for j in range(0, len(msgs) - 1, 2):
             reply = msgs[j + 1]["content"]
             col = int(reply.split("<move>")[1].split("</move>")[0])
-            assert col in ref.best_columns(board, 1, 2)
+            best = ref.best_columns(board, 1, 2)
+            assert col in best
+            if tie_break == "center":
+                assert abs(col - 3) == min(abs(c - 3) for c in best)
             board = ref.drop(board, col, 1)
             status_line = msgs[j + 2]["content"].splitlines()[0]
             if status_line.startswith("O played"):

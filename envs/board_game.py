@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
-from envs.core import Env, Episode, ParsedReply, ReplyGrammar, RubricPart
+from envs.core import Env, Episode, ParsedReply, ReplyGrammar, RubricPart, hash_leaves
 from jaxrl_llm.checks import check_float
 
 RUBRIC_VALUES = ("win_value", "draw_value", "loss_value")
@@ -83,6 +83,21 @@ class BoardGameEnv(Env):
         move = jax.random.categorical(key, jnp.where(legal, 0.0, -jnp.inf)).astype(jnp.int32)
         return ParsedReply(value=jnp.where(legal.any(), move, 0), found=jnp.bool_(True), valid=legal.any(),
                            format_ok=jnp.bool_(True))
+
+    # ---- per-turn credit ----
+    def position(self, state: Any) -> Any:
+        """The pytree that identifies the position the model moves from: the board and whose turn."""
+        raise NotImplementedError
+
+    def state_key(self, state: Any, params: Any) -> jax.Array:
+        """uint32[]: a hash of `position(state)` (the board and whose turn; not the seed or the counters)."""
+        return hash_leaves(self.position(state))
+
+    def turn_reward(self, prev_state: Any, state: Any, params: Any) -> jax.Array:
+        """f32[]: invalid_weight * invalid_penalty on a turn that made an invalid move, else 0 (the rubric's
+        invalid part, weighted, charged to each turn that earned it)."""
+        invalid = state.invalid_moves > prev_state.invalid_moves
+        return jnp.where(invalid, jnp.float32(params.invalid_weight * params.invalid_penalty), jnp.float32(0.0))
 
     # ---- text ----
     def system_prompt(self, params: Any) -> str:

@@ -271,6 +271,36 @@ def weighted_reward(rubric: Sequence[RubricPart], parts: dict[str, jax.Array]) -
     return jnp.asarray(total, jnp.float32)
 
 
+def _mix32(x: jax.Array) -> jax.Array:
+    """MurmurHash3's 32-bit finalizer (a bijection of uint32 that mixes every bit into every other)."""
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = x * jnp.uint32(0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def hash_leaves(tree: Any) -> jax.Array:
+    """uint32[]: a hash of a pytree's array leaves (their values, in order; jittable, vmappable).
+
+    Every leaf becomes 32-bit words (floats through float32 bits, ints and bools through int32), each word
+    is mixed with its position, and the mixed words are summed (mod 2**32) and mixed once more.
+    """
+    words = []
+    for leaf in jax.tree_util.tree_leaves(tree):
+        leaf = jnp.asarray(leaf).reshape(-1)
+        if jnp.issubdtype(leaf.dtype, jnp.floating):
+            leaf = jax.lax.bitcast_convert_type(leaf.astype(jnp.float32), jnp.uint32)
+        elif leaf.dtype != jnp.uint32:
+            leaf = jax.lax.bitcast_convert_type(leaf.astype(jnp.int32), jnp.uint32)
+        words.append(leaf)
+    if not words:
+        return jnp.uint32(0)
+    words = jnp.concatenate(words)
+    position = jnp.arange(words.shape[0], dtype=jnp.uint32) * jnp.uint32(0x9E3779B9)
+    return _mix32(jnp.sum(_mix32(_mix32(words) ^ position), dtype=jnp.uint32))
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The base class
 # ----------------------------------------------------------------------------------------------------------
@@ -383,6 +413,19 @@ class Env:
         """int32[]: how many choices are legal now (from `legal_choices`); None where the env cannot say."""
         legal = self.legal_choices(state, params)
         return None if legal is None else jnp.sum(legal, axis=-1, dtype=jnp.int32)
+
+    # ---- optional: per-turn credit (`jaxrl_llm.algos.advantages`, GRPO's "step" and "mix" advantages) ----
+    def turn_reward(self, prev_state: Any, state: Any, params: Any) -> jax.Array:
+        """f32[]: the reward of the turn that led from `prev_state` to `state` (default 0), on top of the
+        episode's rubric reward (e.g. a board game's invalid-move penalty on the turn that made it).
+        Jittable, vmappable."""
+        return jnp.float32(0.0)
+
+    def state_key(self, state: Any, params: Any) -> jax.Array:
+        """uint32[]: a hash of the state a turn is played from; turns of a GRPO group with equal keys form a
+        step group. Default: a hash of all the state's leaves (`hash_leaves`); an env whose state holds
+        more than what matters for the move (seeds, counters) keys on what does. Jittable, vmappable."""
+        return hash_leaves(state)
 
     # ---- optional: a random player ----
     def random_reply(self, key: jax.Array, state: Any, params: Any) -> ParsedReply:

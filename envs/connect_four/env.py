@@ -155,6 +155,10 @@ class ConnectFour(BoardGameEnv):
     def legal_moves(self, state: game.State) -> jax.Array:
         return game.legal_columns(state.x, state.o) & ~state.done
 
+    def position(self, state: game.State) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """The model's and the opponent's pieces, and whether the game is over (the model moves otherwise)."""
+        return state.x, state.o, state.done
+
     # ---- SFT ----
     def demonstrations(self, teacher: Teacher, key, params: Params, max_turns: int) -> list[dict]:
         return teacher.rows(key, params.prompt, params.max_depth)

@@ -163,6 +163,9 @@ class TicTacToe(BoardGameEnv):
     def legal_moves(self, state: game.State) -> jax.Array:
         return game.legal_moves(state.board) & ~state.done
 
+    def position(self, state: game.State) -> tuple[jax.Array, jax.Array]:
+        return state.board, state.to_play
+
     # ---- text for the project tokenizer ----
     def tokenizer_corpus(self, params: Params) -> list[str]:
         """Every message form on every reachable board of both long prompt presets, and reasoning phrases:

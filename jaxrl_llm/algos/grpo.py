@@ -33,6 +33,7 @@ from models import lora
 
 LOSS_TYPES = ("token-mean", "sequence-mean-token-mean", "dr-grpo")
 SCALE_REWARDS = ("group", "none")
+ADVANTAGES = ("episode", "step", "mix")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +74,13 @@ class GrpoConfig:
         metrics (clip fractions, ratio, entropy) are then means over the computed rows. Use
         grad_accum_steps > 1 for a finer granularity. Ignored when beta > 0 (the KL term has a gradient
         on every row).
+    advantage: what each token's advantage is (`algos.advantages.token_advantages`): "episode" the group
+        advantage of the game's reward on every token (today's GRPO); "step" per-turn step groups after
+        GiGPO (turns of one group played from the same state, keyed by `Env.state_key`, compared by
+        their discounted returns; each turn's advantage on its own tokens); "mix" episode_weight *
+        episode + step_weight * step.
+    episode_weight, step_weight: the two weights of "mix" (>= 0, not both 0; ignored otherwise).
+    step_discount: the discount of the per-turn return of "step" and "mix", in [0, 1] (GiGPO's 0.95).
     """
 
     group_size: int = dataclasses.field(default=8, metadata=NOT_IN_TOML)
@@ -92,6 +100,10 @@ class GrpoConfig:
     temperature: float = dataclasses.field(default=1.0, metadata=NOT_IN_TOML)
     compute_entropy: bool = True
     skip_zero_advantage: bool = True
+    advantage: str = "episode"
+    episode_weight: float = 1.0
+    step_weight: float = 1.0
+    step_discount: float = 0.95
 
     def __post_init__(self):
         check_int(self, "group_size", 2)
@@ -113,6 +125,13 @@ class GrpoConfig:
         if self.ratio_mask_high is not None:
             check_float(self, "ratio_mask_high", low=1.0, low_open=True)
         check_float(self, "temperature", low=0.0, low_open=True)
+        check_choice(self, "advantage", ADVANTAGES)
+        check_float(self, "episode_weight", low=0.0)
+        check_float(self, "step_weight", low=0.0)
+        check_float(self, "step_discount", 0.0, 1.0)
+        if self.advantage == "mix" and self.episode_weight == 0 and self.step_weight == 0:
+            raise ConfigError("advantage 'mix' needs episode_weight or step_weight > 0 (both are 0)",
+                              ("step_weight",), "GrpoConfig")
 
     @property
     def micro_batches(self) -> int:

@@ -18,6 +18,7 @@ Invariant: for every game, the cache holds exactly the buffer's tokens `tokens[b
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -74,6 +75,12 @@ class Trajectory(NamedTuple):
     metrics: {name: float32[B]} the env's per-game metrics.
     examples: the env's examples (pytree, leading axis B).
     final_state: the env's states at the end (pytree, leading axis B).
+    token_turn: int32[B, L] the turn of each model (loss-mask) token, -1 elsewhere.
+    turn_rewards: float32[B, T] the env's reward of each turn (`Env.turn_reward`; 0 for turns not played).
+    turn_keys: uint32[B, T] the key of the state each turn was played from (`Env.state_key`, never 0 for a
+        played turn), 0 for turns not played.
+    turn_legal: bool[B, T, C] the legal choices at each turn (`Env.legal_choices`; C = 0 when the env
+        cannot say; all False for turns not played).
     """
 
     tokens: jax.Array
@@ -93,6 +100,10 @@ class Trajectory(NamedTuple):
     metrics: dict
     examples: Any
     final_state: Any
+    token_turn: jax.Array = None
+    turn_rewards: jax.Array = None
+    turn_keys: jax.Array = None
+    turn_legal: jax.Array = None
 
 
 class Reply(NamedTuple):
@@ -162,13 +173,19 @@ class Flags(NamedTuple):
 
 
 class TurnLog(NamedTuple):
-    """Per-game, per-turn facts [B, T]: reply lengths, format flags, truncation, parse kind and value."""
+    """Per-game, per-turn facts [B, T]: reply lengths, format flags, truncation, parse kind and value; the
+    reply's first position, the turn's reward, the key of the state it was played from, its legal
+    choices [B, T, C]."""
 
     lengths: jax.Array
     format: jax.Array
     truncated: jax.Array
     kind: jax.Array
     value: jax.Array
+    start: jax.Array
+    reward: jax.Array
+    key: jax.Array
+    legal: jax.Array
 
 
 class Carry(NamedTuple):
@@ -296,6 +313,9 @@ def rollout(
     n_new = sampling_config.max_new_tokens
     max_turns = config.max_turns
     state = jax.vmap(env.reset, in_axes=(0, None))(examples, env_params)
+    legal_of = functools.partial(env.legal_choices, params=env_params)
+    legal_shape = jax.eval_shape(legal_of, jax.tree_util.tree_map(lambda x: x[0], state))
+    num_choices = 0 if legal_shape is None else legal_shape.shape[-1]
 
     prefix = tables.prefix
     p0 = prefix.shape[0]
@@ -326,7 +346,11 @@ def rollout(
         log=TurnLog(lengths=jnp.zeros((batch, max_turns), jnp.int32), format=jnp.zeros((batch, max_turns), bool),
                     truncated=jnp.zeros((batch, max_turns), bool),
                     kind=jnp.full((batch, max_turns), -1, jnp.int8),
-                    value=jnp.zeros((batch, max_turns), jnp.int32)),
+                    value=jnp.zeros((batch, max_turns), jnp.int32),
+                    start=jnp.zeros((batch, max_turns), jnp.int32),
+                    reward=jnp.zeros((batch, max_turns), jnp.float32),
+                    key=jnp.zeros((batch, max_turns), jnp.uint32),
+                    legal=jnp.zeros((batch, max_turns, num_choices), bool)),
     )
 
     def playing(c: Carry) -> jax.Array:
@@ -373,17 +397,28 @@ def rollout(
                                               context_cut=c.flags.context_cut | (live & ~fits)))
         c, next_logits = _append_message(c, chunk, jnp.where(send, chunk_len, 0))
         active = live & fits
+        start, prev_state = c.buffer.cursor, c.state
+        state_key = jax.vmap(env.state_key, in_axes=(0, None))(prev_state, env_params)
+        state_key = jnp.where(active, jnp.where(state_key == 0, 1, state_key), 0).astype(jnp.uint32)
+        legal = c.log.legal[:, 0]
+        if num_choices:
+            legal = jax.vmap(legal_of)(prev_state) & active[:, None]
         c, reply, lengths = _generate_reply(c, next_logits, active)
         ended = reply.ended & active
         parsed = _parse_reply(reply, lengths, ended)
         c = _env_step(c, parsed, active)
+        turn_reward = jax.vmap(env.turn_reward, in_axes=(0, 0, None))(prev_state, c.state, env_params)
         t = c.turn
         kind = jnp.where(active, jnp.where(parsed.found, jnp.where(parsed.valid, 2, 1), 0), -1).astype(jnp.int8)
         log = TurnLog(lengths=c.log.lengths.at[:, t].set(lengths),
                       format=c.log.format.at[:, t].set(active & parsed.format_ok),
                       truncated=c.log.truncated.at[:, t].set(active & ~ended),
                       kind=c.log.kind.at[:, t].set(kind),
-                      value=c.log.value.at[:, t].set(jnp.where(active & parsed.valid, parsed.value, 0)))
+                      value=c.log.value.at[:, t].set(jnp.where(active & parsed.valid, parsed.value, 0)),
+                      start=c.log.start.at[:, t].set(jnp.where(active, start, 0)),
+                      reward=c.log.reward.at[:, t].set(jnp.where(active, turn_reward, 0.0)),
+                      key=c.log.key.at[:, t].set(state_key),
+                      legal=c.log.legal.at[:, t].set(legal))
         return c._replace(turn=t + 1, flags=c.flags._replace(needs_end=jnp.where(active, ~ended, c.flags.needs_end)),
                           log=log)
 
@@ -416,6 +451,13 @@ def _finish(env: Env, tables: text.TextTables, carry: Carry, examples, return_ca
     parts = jax.vmap(env.reward_parts, in_axes=(0, 0, None))(state, episode, env.params)
     reward = jax.vmap(env.reward, in_axes=(0, 0, None))(state, episode, env.params)
     metrics = jax.vmap(env.metrics, in_axes=(0, 0, None))(state, episode, env.params)
+    loss_mask = jnp.where(inside, buffer.loss_mask, 0.0)
+    token_turn = jnp.full(loss_mask.shape, -1, jnp.int32)
+    position = jnp.arange(length, dtype=jnp.int32)[None, :]
+    for t in range(log.start.shape[1]):  # turn t's reply holds positions start .. start + length - 1
+        first, end = log.start[:, t:t + 1], log.start[:, t:t + 1] + log.lengths[:, t:t + 1]
+        token_turn = jnp.where((position >= first) & (position < end), t, token_turn)
+    token_turn = jnp.where(loss_mask > 0, token_turn, -1)
     trajectory = Trajectory(
         tokens=jnp.where(inside, buffer.tokens, tables.pad_id),
         length=buffer.cursor,
@@ -434,6 +476,10 @@ def _finish(env: Env, tables: text.TextTables, carry: Carry, examples, return_ca
         metrics=metrics,
         examples=examples,
         final_state=state,
+        token_turn=token_turn,
+        turn_rewards=log.reward,
+        turn_keys=log.key,
+        turn_legal=log.legal,
     )
     return (trajectory, carry.cache) if return_cache else trajectory
 

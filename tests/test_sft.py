@@ -657,3 +657,162 @@ def test_random_legal_mover_data_keep_their_losses():
         assert not board[g["moves"][0]] and all(g["explored"])
     with pytest.raises(ValueError, match="keep_losses"):
         teacher.Teacher(keep_losses="yes")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Decision tokens, their floor and the illegal-choice probability (issue 30)
+
+
+def _tiny_grammar():
+    return ttt.TicTacToe(ttt.Params(prompt="tiny")).reply_grammar(ttt.Params(prompt="tiny"))
+
+
+def test_decision_mask_on_hand_made_rows(tok):
+    """The decision mask marks exactly the move digit of each reply (found here independently: the token whose
+    decoded text is the digit right after the last `<move` + `>` before it), and choice_legal carries each
+    reply's legal cells on that token only."""
+    grammar = _tiny_grammar()
+    system = {"role": "system", "content": "Tic-Tac-Toe."}
+    rows = [
+        {"prompt": [system, {"role": "user", "content": "You start."}],
+         "completion": [{"role": "assistant", "content": "<think></think>\n<move>4</move>"},
+                        {"role": "user", "content": "O played 0."},
+                        {"role": "assistant", "content": "<think>I take 8.</think>\n<move> 8 </move>"}],
+         "info": {"legal_choices": [list(range(9)), [1, 2, 3, 5, 6, 7, 8]]}},
+        {"prompt": [system, {"role": "user", "content": "O played 3."}],
+         "completion": [{"role": "assistant", "content": "I pass, <move></move> 7"}]},  # no content: no decision
+        {"prompt": [system, {"role": "user", "content": "You start."}],
+         "completion": [{"role": "assistant", "content": "<move>2</move><move>5</move>"}],  # the first pair only
+         "info": {"legal_choices": [[2, 5]]}},
+    ]
+    out = sft.tokenize_sft(tok, rows, 128, grammar=grammar)
+    assert set(out) == {"tokens", "loss_mask", "lengths", "decision_mask", "choice_legal"}
+    assert out["choice_legal"].shape == (3, 128, 9)
+    expected_digits = [["4", "8"], [], ["2"]]
+    for i, row in enumerate(rows):
+        ids = out["tokens"][i, :out["lengths"][i]].tolist()
+        pieces = [tok.decode([t]) for t in ids]
+        # Independent: a decision token is a digit in an assistant turn whose preceding non-space tokens are
+        # `<move`, `>` and which is the first digit after the first `<move>` of its reply.
+        independent = np.zeros(128, np.float32)
+        in_reply, seen_move = False, False
+        for t, p in enumerate(pieces):
+            if out["loss_mask"][i, t] == 0:
+                in_reply, seen_move = False, False
+                continue
+            in_reply = True
+            before = "".join(pieces[max(0, t - 3):t]).replace(" ", "")
+            if not seen_move and p.strip().isdigit() and before.endswith("<move>"):
+                independent[t] = 1.0
+                seen_move = True
+        np.testing.assert_array_equal(out["decision_mask"][i], independent)
+        assert [pieces[t].strip() for t in np.flatnonzero(out["decision_mask"][i])] == expected_digits[i]
+        assert (out["decision_mask"][i] <= out["loss_mask"][i]).all()
+        legal = (row.get("info") or {}).get("legal_choices", [])
+        for j, t in enumerate(np.flatnonzero(out["decision_mask"][i])):
+            assert np.flatnonzero(out["choice_legal"][i, t]).tolist() == sorted(legal[j])
+        others = np.ones(128, bool)
+        others[np.flatnonzero(out["decision_mask"][i])] = False
+        assert not out["choice_legal"][i, others].any()
+    # Without a grammar the output is today's.
+    plain = sft.tokenize_sft(tok, rows, 128)
+    assert set(plain) == {"tokens", "loss_mask", "lengths"}
+    np.testing.assert_array_equal(plain["loss_mask"], out["loss_mask"])
+    np.testing.assert_array_equal(sft.choice_token_ids(tok, grammar),
+                                  [tok.convert_tokens_to_ids(str(c)) for c in range(9)])
+
+
+def test_decision_floor_and_illegal_prob_against_a_hand_computation():
+    """decision_loss / format_loss / floor / illegal_prob / choice_entropy of `sft_loss` on hand-made logits,
+    against plain NumPy; decision_weight w reweighs the objective and leaves the logged loss unchanged."""
+    rng = np.random.default_rng(1)
+    vocab, choices = 12, np.array([3, 4, 5, 6], np.int32)  # 4 choices, tokens 3..6
+    logits = rng.normal(size=(2, 6, vocab)).astype(np.float32) * 2
+    tokens = rng.integers(0, vocab, size=(2, 6)).astype(np.int32)
+    tokens[0, 2], tokens[1, 4] = 4, 6  # the decisions
+    mask = np.zeros((2, 6), np.float32)
+    mask[0, 1:4] = 1
+    mask[1, 3:6] = 1
+    decision = np.zeros((2, 6), np.float32)
+    decision[0, 2] = decision[1, 4] = 1
+    legal = np.zeros((2, 6, 4), bool)
+    legal[0, 2] = [False, True, True, False]  # 2 legal: floor ln 2
+    legal[1, 4] = [True, True, True, True]  # 4 legal: floor ln 4, nothing illegal
+    args = [jnp.asarray(a) for a in (logits, tokens, mask, decision, legal)]
+    objective, m = jax.jit(sft.sft_loss, static_argnames=("decision_weight",))(*args, jnp.asarray(choices))
+
+    def logp(b, t):  # log-probabilities predicting target t
+        lg = logits[b, t - 1].astype(np.float64)
+        return lg - np.log(np.exp(lg).sum())
+
+    ce = {(b, t): -logp(b, t)[tokens[b, t]] for b in range(2) for t in range(1, 6) if mask[b, t]}
+    dec = [(0, 2), (1, 4)]
+    fmt = [k for k in ce if k not in dec]
+    assert float(m["decision_loss"]) == pytest.approx(np.mean([ce[k] for k in dec]), rel=1e-5)
+    assert float(m["format_loss"]) == pytest.approx(np.mean([ce[k] for k in fmt]), rel=1e-5)
+    assert float(m["loss"]) == pytest.approx(np.mean(list(ce.values())), rel=1e-5) == float(objective)
+    assert float(m["decision_loss_floor"]) == pytest.approx((np.log(2) + np.log(4)) / 2, rel=1e-6)
+    p0 = np.exp(logp(0, 2))
+    assert float(m["illegal_prob"]) == pytest.approx((p0[3] + p0[6] + 0.0) / 2, rel=1e-5)
+    q = [np.exp(logp(b, t))[choices] for b, t in dec]
+    entropy = [-(x / x.sum() * np.log(x / x.sum())).sum() for x in q]
+    assert float(m["choice_entropy"]) == pytest.approx(np.mean(entropy), rel=1e-5)
+    assert float(m["decision_tokens"]) == 2.0
+    weighted, m5 = sft.sft_loss(*args, jnp.asarray(choices), decision_weight=5.0)
+    expected = (sum(ce.values()) + 4 * sum(ce[k] for k in dec)) / len(ce)
+    assert float(weighted) == pytest.approx(expected, rel=1e-5)
+    assert float(m5["loss"]) == pytest.approx(float(m["loss"]), rel=1e-6)
+    with pytest.raises(ValueError, match="decision_weight"):
+        sft.SftConfig(decision_weight=0.0)
+    with pytest.raises(ValueError, match="eval_rows"):
+        sft.SftConfig(eval_rows=-1)
+
+
+def test_position_rows_are_legal_and_uniform_ish():
+    """The positions teacher (random mover vs random opponent): one reply a row, on a free cell of the shown
+    board, its legal choices the free cells; the replies spread over the free cells about uniformly (each
+    cell is played about as often as sum over the rows where it is free of 1 / #free: chi-square over the 9
+    cells), and positions come from every turn."""
+    rows = teacher.Teacher(num_games=600, layout="positions", reasoning="none", explore_prob=1.0,
+                           opponent_p_min=1.0, keep_losses=True).rows(jax.random.PRNGKey(5), "tiny", 8)
+    assert len(rows) == 600
+    observed, expected, turns = np.zeros(9), np.zeros(9), []
+    for row in rows:
+        assert [m["role"] for m in row["prompt"] + row["completion"]] == ["system", "user", "assistant"]
+        info = row["info"]
+        board = info["board"]
+        free = [c for c in range(9) if board[c] == 0]
+        move = int(REPLY_RE.match(row["completion"][0]["content"]).group(2))
+        assert info["legal_choices"] == [free] and move in free and info["moves"] == [move]
+        shown = row["prompt"][1]["content"].split("\n")[1:4]  # the tiny board's three rows
+        assert "".join(shown) == "".join(str(c) if board[c] == 0 else "XO"[board[c] - 1] for c in range(9))
+        observed[move] += 1
+        expected[free] += 1 / len(free)
+        turns.append(info["turn"])
+    assert ((observed - expected) ** 2 / expected).sum() < 26.1  # chi-square, 8 dof, p ~ 0.001
+    assert set(turns) == {0, 1, 2, 3, 4}
+    with pytest.raises(ValueError, match="layout"):
+        teacher.Teacher(layout="boards")
+    with pytest.raises(ValueError, match="tree_copies"):
+        teacher.Teacher(kind="best", tree_copies=1, layout="positions")
+
+
+def test_legal_choices_protocol():
+    """Env.legal_choices: Tic-Tac-Toe's free cells, Connect Four's open columns (jitted, vmapped), None for
+    arithmetic; num_legal_choices counts them."""
+    from envs.core import make
+
+    env = make("tictactoe")
+    examples = env.eval_examples(jax.random.PRNGKey(0), 16, env.eval_settings()[0].stage)
+    states = jax.vmap(lambda e: env.reset(e, env.params))(examples)
+    legal = jax.jit(jax.vmap(lambda s: env.legal_choices(s, env.params)))(states)
+    np.testing.assert_array_equal(np.asarray(legal), np.asarray(states.board) == 0)
+    np.testing.assert_array_equal(jax.vmap(lambda s: env.num_legal_choices(s, env.params))(states),
+                                  (np.asarray(states.board) == 0).sum(-1))
+    c4 = make("connect_four")
+    ex = c4.eval_examples(jax.random.PRNGKey(0), 4, c4.eval_settings()[0].stage)
+    st = jax.vmap(lambda e: c4.reset(e, c4.params))(ex)
+    assert np.asarray(jax.jit(jax.vmap(lambda s: c4.legal_choices(s, c4.params)))(st)).shape == (4, 7)
+    arithmetic = make("arithmetic")
+    assert arithmetic.legal_choices(None, arithmetic.params) is None
+    assert arithmetic.num_legal_choices(None, arithmetic.params) is None

@@ -109,6 +109,7 @@ TEACHERS = ("uniform", "best", "drawn")
 DETERMINISTIC_TEACHERS = ("best", "drawn")  # a fixed move per board: their whole game tree is finite
 DRAWN_SEED = 0  # the seed of the "drawn" teacher's one-off draw (`drawn_move_table`)
 REASONING_STYLES = ("templates", "none")
+LAYOUTS = ("games", "positions")  # a row: a whole game, or one reply to one position
 
 
 @functools.lru_cache(maxsize=None)
@@ -516,8 +517,51 @@ def render_game(games: ExpertGames, i: int, preset: str | text.PromptPreset = "r
         "explored": [bool(e) for e in games.explored[i, :n]],
         "outcome": _OUTCOME_NAMES[int(games.outcome[i])],
         "preset": preset.name,
+        "legal_choices": [legal_cells(games.boards[i, t]) for t in range(n)],
     }
     return {"prompt": prompt, "completion": completion, "info": info}
+
+
+def legal_cells(board: Any) -> list[int]:
+    """The free cells of a board (host): the legal choices of X's reply to it (the env's `legal_choices`)."""
+    return [int(c) for c in np.flatnonzero(np.asarray(board).reshape(-1) == ttt.EMPTY)]
+
+
+def render_position(games: ExpertGames, i: int, t: int, preset: str | text.PromptPreset = "reference",
+                    reasoning: str = "templates") -> dict:
+    """Turn t of game i of `games` (NumPy) as a one-reply row: the system prompt, the message X saw before its
+    t-th move (the game's first message for t = 0) and the teacher's reply to it; `info` as `render_game`'s
+    (moves, kinds, legal_choices of that one reply) plus `turn`."""
+    preset = _preset(preset)
+    if t == 0:
+        board, status, last = games.first_board[i], int(games.first_status[i]), int(games.first_last_opp[i])
+    else:
+        board, status, last = games.after_boards[i, t - 1], int(games.statuses[i, t - 1]), int(games.last_opp[i, t - 1])
+    move, kind, seed = int(games.moves[i, t]), int(games.kinds[i, t]), int(games.seed[i])
+    prompt = [{"role": "system", "content": text.system_prompt(preset)},
+              {"role": "user", "content": text.render_message(preset, board, status, last)}]
+    completion = [{"role": "assistant", "content": reply_text(kind, move, seed + t, reasoning)}]
+    info = {"example_seed": seed, "random_move_prob": float(games.random_move_prob[i]), "turn": int(t),
+            "board": [int(v) for v in np.asarray(games.boards[i, t])],
+            "teacher_random_move_prob": float(games.teacher_random_move_prob[i]), "moves": [move],
+            "move_kinds": [MOVE_KIND_NAMES[kind]], "explored": [bool(games.explored[i, t])], "preset": preset.name,
+            "legal_choices": [legal_cells(games.boards[i, t])]}
+    return {"prompt": prompt, "completion": completion, "info": info}
+
+
+def position_rows(key: jax.Array, num_positions: int, *, teacher_random_move_prob: float = 1.0,
+                  opponent_p_range: Sequence[float] = (1.0, 1.0), preset: str = "reference", max_turns: int = 8,
+                  teacher: str = "uniform", reasoning: str = "templates") -> list[dict]:
+    """`num_positions` one-reply rows, one per game: a game of the teacher against the opponent is played on
+    device and ONE of its X turns, uniform among the turns it played, is kept (`render_position`). With
+    teacher_random_move_prob = 1 and the random opponent (p = 1) the position is a uniformly random reachable
+    one of the random game and the reply a uniformly random legal move: legality and format, no strategy."""
+    games = generate_expert_games(key, num_positions, teacher_random_move_prob=teacher_random_move_prob,
+                                  opponent_p_range=opponent_p_range, max_turns=max_turns, teacher=teacher)
+    picks = np.asarray(jax.random.uniform(jax.random.fold_in(key, 7), (num_positions,)))
+    turns = np.minimum((picks * games.num_moves).astype(np.int64), np.maximum(games.num_moves - 1, 0))
+    return [render_position(games, i, int(turns[i]), preset, reasoning) for i in range(num_positions)
+            if games.num_moves[i] > 0]
 
 
 def games_to_rows(games: ExpertGames, preset: str | text.PromptPreset = "reference", *,
@@ -582,6 +626,10 @@ class Teacher:
     keep_losses: keep the sampled games X lost (default: dropped, as the reference's filtered data set). With
     explore_prob = 1 and opponent_p_min = 1 the data are then the random legal mover's games against the
     random opponent, unfiltered: they teach the format and the legal moves and no strategy.
+    layout: "games" (one row a whole game, as above) or "positions" (one row a single reply: of each of the
+    `num_games` games one X turn, uniform among its turns, as system + that message + the teacher's reply;
+    `position_rows`; outcome filter and tree do not apply). Every row's info lists the legal choices of each
+    reply (`legal_choices`), for the SFT decision metrics.
     """
 
     num_games: int = 1000
@@ -593,9 +641,14 @@ class Teacher:
     tree_copies: int = 0
     sample_kind: str | None = None
     keep_losses: bool = False
+    layout: str = "games"
 
     def __post_init__(self) -> None:
         check_int(self, "num_games", 1)
+        check_choice(self, "layout", LAYOUTS)
+        if self.layout == "positions" and self.tree_copies:
+            raise ConfigError('a whole-game tree does not apply to layout = "positions"; set tree_copies = 0',
+                              ("tree_copies",), "Teacher")
         check_choice(self, "kind", TEACHERS)
         if self.sample_kind is not None:
             check_choice(self, "sample_kind", TEACHERS)
@@ -625,7 +678,11 @@ class Teacher:
         return self.kind in DETERMINISTIC_TEACHERS and self.explore_prob == 0
 
     def rows(self, key: jax.Array, preset: str, max_turns: int) -> list[dict]:
-        """The SFT rows of this teacher (see `expert_rows`)."""
+        """The SFT rows of this teacher (see `expert_rows`, or `position_rows` for layout "positions")."""
+        if self.layout == "positions":
+            return position_rows(key, self.num_games, teacher_random_move_prob=self.explore_prob,
+                                 opponent_p_range=self.opponent_p_range, preset=preset, max_turns=max_turns,
+                                 teacher=self.sample_kind or self.kind, reasoning=self.reasoning)
         return expert_rows(key, self.num_games, teacher_random_move_prob=self.explore_prob,
                            opponent_p_range=self.opponent_p_range, preset=preset, max_turns=max_turns,
                            teacher=self.sample_kind or self.kind, reasoning=self.reasoning,

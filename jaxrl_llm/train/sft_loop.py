@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,30 @@ def sft_rows(config: ExperimentConfig, comp: Components, log=print):
     export_jsonl(dataset, out / "sft_data.jsonl")
     log(f"SFT: {len(dataset)} conversations from the {comp.env.name} teacher ({c.teacher}); saved to {out / 'sft_data'}")
     return dataset
+
+
+def heldout_rows(config: ExperimentConfig, comp: Components) -> list[dict] | None:
+    """`sft.eval_rows` held-out rows of the SFT teacher, drawn with their own key (fold_in(sft_data, 1)):
+    the teacher with num_games = eval_rows (one row a game or a position, as the teacher lays them out; rows
+    of a games teacher's filter may be fewer). None when eval_rows = 0 or there is no teacher."""
+    c = config.sft
+    if not c.eval_rows or c.teacher is None:
+        return None
+    teacher = c.teacher
+    if dataclasses.is_dataclass(teacher) and any(f.name == "num_games" for f in dataclasses.fields(teacher)):
+        teacher = dataclasses.replace(teacher, num_games=c.eval_rows)
+    key = jax.random.fold_in(stream(config.run.seed, "sft_data"), 1)  # not the training rows' key
+    return list(comp.env.demonstrations(teacher, key, comp.env.params, config.rollout.max_turns))
+
+
+def format_eval(result: dict[str, float]) -> str:
+    """One line of the held-out decision metrics (`algos.sft.decision_eval`)."""
+    line = (f"decision loss {result['decision_loss']:.4f}, format loss {result['format_loss']:.4f}, "
+            f"decision accuracy {100 * result['decision_accuracy']:.1f} %")
+    if "decision_loss_floor" in result:
+        line += (f", floor (uniform over the legal choices) {result['decision_loss_floor']:.4f}, probability on "
+                 f"illegal choices {100 * result['illegal_prob']:.2f} %, choice entropy {result['choice_entropy']:.3f}")
+    return line
 
 
 def run_sft(config: ExperimentConfig, comp: Components | None = None, log=print, dataset=None) -> Any:
@@ -67,24 +93,30 @@ def _run_sft_locked(config: ExperimentConfig, comp: Components | None, log, data
     dataset = sft_rows(config, comp, log) if dataset is None else dataset
     sinks = open_sinks(config.run.log, out, log)
     writer = MetricsWriter(out / "sft_metrics.jsonl", sinks=sinks, group="sft")
-    progress = Progress(c.steps, "sft", keys=("loss", "accuracy"))
+    progress = Progress(c.steps, "sft", keys=("loss", "accuracy", "decision_loss", "illegal_prob"))
 
     def callback(step, record):
         writer.write(step + 1, record)
         kill_point("sft_step", step + 1)
-        progress.update(loss=record["loss"], accuracy=record["accuracy"])
+        progress.update(**{k: record[k] for k in ("loss", "accuracy", "decision_loss", "illegal_prob") if k in record})
         if "check_exact" in record:
             log(f"SFT step {step + 1}: {100 * record['check_exact']:.2f} % of the check conversations exact "
                 "(teacher-forced, greedy)")
 
     check_rows = comp.env.check_rows(c.teacher, comp.env.params) if c.check_every else None
     frozen = base_params(comp) if comp.lora is not None else None
+    eval_rows = heldout_rows(config, comp)
     params, history = sft.train_sft(comp.module, params, comp.tokenizer, dataset, c,
                                     stream(config.run.seed, "sft_batches"), callback, check_rows=check_rows,
-                                    frozen=frozen)
+                                    frozen=frozen, grammar=comp.env.reply_grammar(comp.env.params),
+                                    eval_rows=eval_rows)
     progress.close()
     writer.close()
     close_sinks(sinks)
+    result = {k[len("eval_"):]: v for k, v in history[-1].items() if k.startswith("eval_")}
+    if result:
+        (out / "sft_eval.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        log(f"SFT held-out ({int(result['rows'])} rows): {format_eval(result)}; saved to {out / 'sft_eval.json'}")
     if check_rows is not None:
         last = history[-1]
         log(f"SFT: {len(history)} steps; teacher-forced check on {len(check_rows)} conversations: "

@@ -478,7 +478,8 @@ class GrpoStage(_Section):
     """One GRPO stage: `steps` updates, each on `num_prompts` examples x `group_size` rollouts drawn from
     the env's curriculum `Stage` (`curriculum`). `sampling` and `rollout` are the experiment's with this
     stage's `[grpo.sampling]` / `[grpo.rollout]` keys on top; `loss` (GrpoConfig) and `optim`
-    (OptimConfig, total_steps defaulting to `steps`) are the update's."""
+    (OptimConfig, counted in optimizer updates: total_steps defaulting to steps * passes *
+    num_minibatches) are the update's."""
 
     steps: int = 100
     num_prompts: int = 32
@@ -516,8 +517,10 @@ class GrpoStage(_Section):
                                    max_completion_tokens=max_completion)
 
     def optim_config(self) -> OptimConfig:
-        """The optimizer with total_steps resolved (default: the stage's steps)."""
-        return self.optim.for_steps(self.steps)
+        """The optimizer with total_steps resolved. Its schedule counts optimizer updates, of which a GRPO
+        step makes `passes * num_minibatches`: the default total is steps * passes * num_minibatches, and
+        warmup_steps / total_steps are in updates too."""
+        return self.optim.for_steps(self.steps * self.loss.passes * self.loss.num_minibatches)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,7 +10,10 @@
     kv_cache      the rollout's cache: per attention layer keys + values [B, kv_heads, context, head_dim],
                   per conv layer its state [B, conv_L_cache - 1, hidden], in cache_dtype; B = the stage's games
     activations   an estimate for one micro-batch of the update (rows = B / micro-batches, T = context):
-                  float32 logits and log-softmax [rows, T, V] x 2, plus with remat one hidden state
+                  float32 logits and log-softmax [rows, K, V] x 2, K = the loss positions a row can hold
+                  (max_completion_tokens rounded up to 8) with `logits_at_loss_only`, else T; the table
+                  also shows both (`activations_all_positions`, `activations_loss_positions`); plus with
+                  remat one hidden state
                   [rows, T, hidden] per layer and one layer's working set ([rows, T, 4 hidden + 3 inter]),
                   without remat that working set for every layer (compute dtype)
     total         their sum, for the stage that needs most
@@ -80,15 +83,20 @@ def plan(config) -> dict[str, Any]:
         kv = n_attn * 2 * B * cfg.num_key_value_heads * T * cfg.head_dim * cache
         kv += n_conv * B * (cfg.conv_L_cache - 1) * cfg.hidden_size * cache
         rows = max(1, B // s.grpo_config().micro_batches)
-        logits = 2 * rows * T * cfg.vocab_size * 4
+        gcfg = s.grpo_config()
+        loss_positions = min(T, -(-(gcfg.max_completion_tokens or T) // 8) * 8)
         layer = rows * T * (4 * cfg.hidden_size + 3 * cfg.intermediate_size) * compute
         hidden = rows * T * cfg.hidden_size * compute
-        acts = logits + (cfg.num_hidden_layers * hidden + layer if cfg.remat else cfg.num_hidden_layers * layer)
+        body = cfg.num_hidden_layers * hidden + layer if cfg.remat else cfg.num_hidden_layers * layer
+        all_positions = 2 * rows * T * cfg.vocab_size * 4 + body
+        at_loss = 2 * rows * loss_positions * cfg.vocab_size * 4 + body
+        acts = at_loss if gcfg.logits_at_loss_only else all_positions
         reference = params if (s.loss.beta > 0 and not config.lora.enabled) else 0
         parts = {"params": params, "grads": trained, "optimizer": 2 * trained, "reference": reference,
                  "kv_cache": kv, "activations": acts}
         stages.append({"stage": i, "games": B, "context": T, "micro_rows": rows, **parts,
-                       "total": sum(parts.values())})
+                       "total": sum(parts.values()), "loss_positions": loss_positions,
+                       "activations_all_positions": all_positions, "activations_loss_positions": at_loss})
     return {"model": cfg, "params_count": count, "stages": stages,
             "total": max((s["total"] for s in stages), default=params)}
 
@@ -96,7 +104,8 @@ def plan(config) -> dict[str, Any]:
 def compiled_peak(config, layers: int = 2, rows: int = 2, length: int = 64) -> dict[str, Any]:
     """XLA's memory analysis of the real GRPO update (`algos.grpo.grpo_update_step`) compiled on this
     backend for the preset's model cut to `layers` layers, a batch of `rows` x `length` tokens, one
-    micro-batch. -> {"shape", "argument_bytes", "output_bytes", "temp_bytes", "peak_bytes"}."""
+    micro-batch. With [lora] rank >= 1 it is the LoRA update (adapters trained, gradients and optimizer state
+    for them alone, the base frozen). -> {"shape", "argument_bytes", "output_bytes", "temp_bytes", "peak_bytes"}."""
     from jaxrl_llm.algos.grpo import grpo_update_step
     from jaxrl_llm.algos.optim import make_optimizer
     from models.lfm2 import Lfm2ForCausalLM
@@ -110,15 +119,26 @@ def compiled_peak(config, layers: int = 2, rows: int = 2, length: int = 64) -> d
     optimizer = make_optimizer(stage.optim_config())
     module = Lfm2ForCausalLM(cfg)
     params = param_shapes(cfg)
+    frozen = None
+    if config.lora.enabled:  # the update GRPO runs: adapters on the frozen base
+        from models import lora as lora_lib
+
+        module = lora_lib.LoraLfm2(module, config.lora)
+        frozen = params
+        params = jax.eval_shape(lambda: lora_lib.init_adapters(config.lora, frozen, jax.random.PRNGKey(0)))
     opt_state = jax.eval_shape(optimizer.init, params)
     tok = jax.ShapeDtypeStruct((rows, length), jnp.int32)
     f32 = jax.ShapeDtypeStruct((rows, length), jnp.float32)
-    fn = jax.jit(lambda p, o, t, m, lp, r, k: grpo_update_step(module, optimizer, gcfg, p, o, None, t, m, lp, r, k))
+    fn = jax.jit(lambda p, o, t, m, lp, r, k, f: grpo_update_step(module, optimizer, gcfg, p, o, None, t, m, lp, r, k,
+                                                                  frozen=f))
     compiled = fn.lower(params, opt_state, tok, f32, f32, jax.ShapeDtypeStruct((rows,), jnp.float32),
-                        jax.eval_shape(lambda: jax.random.PRNGKey(0))).compile()
+                        jax.eval_shape(lambda: jax.random.PRNGKey(0)), frozen).compile()
     stats = compiled.memory_analysis()
     get = lambda name: int(getattr(stats, name, 0) or 0)  # noqa: E731
-    out = {"shape": f"{layers} layers of {cfg.hidden_size} wide, vocab {cfg.vocab_size}, batch {rows} x {length}",
+    lora_text = f", LoRA rank {config.lora.rank} ({len(jax.tree_util.tree_leaves(params))} adapter arrays)" \
+        if frozen is not None else ""
+    out = {"shape": f"{layers} layers of {cfg.hidden_size} wide, vocab {cfg.vocab_size}, batch {rows} x {length}"
+                    f"{lora_text}",
            "argument_bytes": get("argument_size_in_bytes"), "output_bytes": get("output_size_in_bytes"),
            "temp_bytes": get("temp_size_in_bytes")}
     peak = get("peak_memory_in_bytes")
@@ -139,6 +159,10 @@ def format_plan(result: dict[str, Any], devices: tuple[tuple[str, float], ...] =
     for s in result["stages"]:
         lines.append(f"| {s['stage']} | {s['games']} x {s['context']} | {s['micro_rows']} | "
                      + " | ".join(f"{s[k] / GIB:.2f}" for k in keys) + " |")
+    for s in result["stages"]:
+        lines.append(f"stage {s['stage']} update activations: {s['activations_all_positions'] / GIB:.2f} GiB with "
+                     f"logits at all {s['context']} positions, {s['activations_loss_positions'] / GIB:.2f} GiB at the "
+                     f"{s['loss_positions']} loss positions only (grpo.loss.logits_at_loss_only)")
     for name, size in devices:
         room = size - result["total"]
         lines.append(f"on a {name} device: {result['total'] / GIB:.1f} GiB planned, "

@@ -768,7 +768,8 @@ class Lfm2ForCausalLM(nn.Module):
 
     @nn.compact
     def __call__(self, tokens: jax.Array, cache: Lfm2Cache | None = None,
-                 num_valid: jax.Array | None = None, last_only: bool = False) -> tuple[jax.Array, Lfm2Cache | None]:
+                 num_valid: jax.Array | None = None, last_only: bool = False,
+                 logit_positions: jax.Array | None = None) -> tuple[jax.Array, Lfm2Cache | None]:
         """tokens int32[B, T] -> (logits float32[B, T, V], new cache or None).
 
         cache None: full causal forward over positions 0..T-1 (num_valid ignored).
@@ -778,6 +779,11 @@ class Lfm2ForCausalLM(nn.Module):
         last_only: logits float32[B, 1, V] of each row's last real token only (position num_valid[b] - 1,
         or T - 1 without a cache), e.g. for a prefill whose other logits are not needed (the LM head
         then costs one position instead of T).
+        logit_positions: int32[B, K] (full forward only): the final hidden states are gathered at these
+        positions ([B, K, D]) before the final norm and the LM head, and the logits are float32[B, K, V]
+        (row b, slot k: the logits at position logit_positions[b, k]). The same values as the full logits
+        taken at those positions; the head and everything after it cost K positions instead of T (e.g. only
+        the positions that predict loss tokens, in training).
         """
         cfg = self.config
         B, T = tokens.shape
@@ -813,6 +819,10 @@ class Lfm2ForCausalLM(nn.Module):
         if last_only and T > 1:  # (with T = 1 the logits are that position's already: no extra op)
             last = jnp.full((B,), T - 1, jnp.int32) if num_valid is None else jnp.clip(num_valid - 1, 0, T - 1)
             x = jnp.take_along_axis(x, last[:, None, None], axis=1)  # [B, 1, D]
+        elif logit_positions is not None:
+            if cache is not None:
+                raise ValueError("logit_positions is for the full forward (cache None)")
+            x = jnp.take_along_axis(x, jnp.asarray(logit_positions, jnp.int32)[..., None], axis=1)  # [B, K, D]
         x = RMSNorm(cfg, name="embedding_norm")(x)
         if cfg.tie_word_embeddings:
             w = jnp.asarray(embed.embedding, cfg.jnp_dtype)  # [V, D]

@@ -14,8 +14,14 @@ lengths; else random weights, whose games end early on invalid moves):
   without reward spread is printed with them;
 * the update's FLOPs: XLA's `cost_analysis()` of the compiled every-row update (its "flops": every op,
   matmuls and the rest, as XLA counts them), as FLOP/s and as a share of the float32 matmul peak measured
-  in the same run (`machine.matmul_peak_flops`).
-Target (issue 15): update <= 2x rollout and >= 40 % of the peak. Prints the machine facts first and one
+  in the same run (`machine.matmul_peak_flops`);
+* the old path against the new, in the same run (issue 30): the update as before it (`length_buckets = 1`,
+  `logits_at_loss_only = false`: every row at the full context, logits at every position) and as now
+  (length buckets, logits at loss positions only), both computing every row, alone
+  (`baseline_update_every_row_s` / `update_every_row_s`) and in whole trainer steps
+  (`baseline_games_per_s_every_row` / `games_per_s_every_row`).
+Targets: issue 15, update <= 2x rollout and >= 40 % of the peak; issue 30, every-row update <= 1.2x the
+rollout and whole every-row steps >= 1.7x the old path's games/s. Prints the machine facts first and one
 JSON object last.
 
     python experiments/benchmarks/train_throughput.py            # 4 steps after the compile
@@ -64,9 +70,9 @@ def main() -> None:
     peak = matmul_peak_flops()
     print(f"float32 matmul peak through JAX: {peak / 1e9:.0f} GFLOP/s", flush=True)
 
-    config = load_config(args.preset, ['run.output_dir="/tmp/train_throughput_unused"',
-                                       f"grpo.{args.stage}.loss.grad_accum_steps={args.grad_accum_steps}"],
-                         check_paths=False)
+    base_overrides = ['run.output_dir="/tmp/train_throughput_unused"',
+                      f"grpo.{args.stage}.loss.grad_accum_steps={args.grad_accum_steps}"]
+    config = load_config(args.preset, base_overrides, check_paths=False)
     comp = train.build(config)
     s = config.grpo[args.stage]
     use_ckpt = Path(args.checkpoint, "config.json").is_file()
@@ -77,22 +83,40 @@ def main() -> None:
           f"stage {args.stage}: {s.num_prompts} x {s.group_size} games, context {s.rollout.context_length}, "
           f"{s.loss.num_minibatches} minibatches, {s.loss.passes} passes", flush=True)
 
-    # Whole steps (what the trainer runs). params / opt_state are donated: keep our own copies.
-    step_fn, optimizer = make_grpo_step(comp, args.stage)
-    p = jax.tree_util.tree_map(lambda x: x.copy(), params)
-    o = placed_like_outputs(optimizer.init(p))
-    t = time.perf_counter()
-    p, o, metrics, traj = step_fn(p, o, None, stream(0, "grpo", 0), None)
-    jax.block_until_ready(p)
-    compile_s = time.perf_counter() - t
-    times = []
-    for i in range(1, args.steps + 1):
+    # The old path (issue 30's baseline, behind the switch): every micro-batch at the full context and the
+    # logits at every position. Same model, batch, keys.
+    old = [f"grpo.{args.stage}.loss.length_buckets=1", f"grpo.{args.stage}.loss.logits_at_loss_only=false"]
+    every_row = [f"grpo.{args.stage}.loss.skip_zero_advantage=false"]
+
+    def variant(extra):
+        cfg = load_config(args.preset, base_overrides + extra, check_paths=False)
+        return train.build(cfg)
+
+    def whole_steps(comp_v):
+        """(compile + first step s, step times, recompiled) of the jitted trainer step (params / opt_state
+        are donated: our own copies)."""
+        step_fn, optimizer = make_grpo_step(comp_v, args.stage)
+        p = jax.tree_util.tree_map(lambda x: x.copy(), params)
+        o = placed_like_outputs(optimizer.init(p))
         t = time.perf_counter()
-        p, o, metrics, traj = step_fn(p, o, None, stream(0, "grpo", i), None)
+        p, o, _, _ = step_fn(p, o, None, stream(0, "grpo", 0), None)
         jax.block_until_ready(p)
-        times.append(time.perf_counter() - t)
+        compile_s = time.perf_counter() - t
+        times = []
+        for i in range(1, args.steps + 1):
+            t = time.perf_counter()
+            p, o, _, _ = step_fn(p, o, None, stream(0, "grpo", i), None)
+            jax.block_until_ready(p)
+            times.append(time.perf_counter() - t)
+        return compile_s, times, step_fn._cache_size() != 1
+
+    compile_s, times, recompiled = whole_steps(comp)  # as the trainer runs it (skipping), the new path
     step_s = float(np.median(times))
-    recompiled = step_fn._cache_size() != 1
+    every = {}
+    for name, extra in (("new", every_row), ("old", every_row + old)):
+        _, t_every, _ = whole_steps(variant(extra))
+        every[name] = float(np.median(t_every))
+    optimizer = make_grpo_step(comp, args.stage)[1]
 
     # Rollout alone, same batch and settings.
     run = make_rollout(comp.env, comp.model_fn, comp.init_cache, comp.tables, s.rollout, comp.sampling_config(s.sampling))
@@ -101,19 +125,22 @@ def main() -> None:
     traj = jax.block_until_ready(run(params, examples, key))
     rollout_s = best_seconds(lambda: run(params, examples, key), args.repeats, warmup=False)
 
-    # Update alone on that batch, as the trainer runs it (skipping) and computing every row; the FLOPs
-    # (XLA's count) of the every-row update.
+    # Update alone on that batch, as the trainer runs it (skipping) and computing every row, new and old
+    # path; the FLOPs (XLA's count) of the every-row updates.
     import dataclasses
 
     args_u = (traj.tokens, traj.loss_mask, traj.logprobs, traj.reward, key)
     copy_s = best_seconds(lambda: jax.tree_util.tree_map(lambda x: x.copy(), params), args.repeats, warmup=False)
-    timed, flops = {}, float("nan")
-    for name, skip in (("skip", True), ("every_row", False)):
-        update = make_grpo_update(comp.module, optimizer, dataclasses.replace(s.grpo_config(), skip_zero_advantage=skip))
-        if not skip:
+    timed, flops = {}, {}
+    base_cfg = s.grpo_config()
+    for name, change in (("skip", {}), ("every_row", dict(skip_zero_advantage=False)),
+                         ("baseline_every_row", dict(skip_zero_advantage=False, length_buckets=1,
+                                                     logits_at_loss_only=False))):
+        update = make_grpo_update(comp.module, optimizer, dataclasses.replace(base_cfg, **change))
+        if name != "skip":
             cost = update.jitted.lower(params, optimizer.init(params), None, *args_u).compile().cost_analysis()
             cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-            flops = float(cost.get("flops", float("nan")))
+            flops[name] = float(cost.get("flops", float("nan")))
 
         def one_update(update=update):
             q = jax.tree_util.tree_map(lambda x: x.copy(), params)
@@ -127,6 +154,7 @@ def main() -> None:
 
     length = int(np.asarray(traj.length).max())
     sampled = float(np.asarray(traj.loss_mask).sum())
+    f_new, f_old = flops["every_row"], flops["baseline_every_row"]
     row = {
         "benchmark": "train_throughput", **facts, "matmul_peak_gflops": peak / 1e9, "params": n_params,
         "checkpoint": use_ckpt, "batch": s.batch_size, "context": s.rollout.context_length,
@@ -136,21 +164,34 @@ def main() -> None:
         "rollout_s": rollout_s, "update_s": update_s, "update_over_rollout": update_s / rollout_s,
         "grad_accum_steps": args.grad_accum_steps, "frac_zero_std_groups": zero_std,
         "update_every_row_s": every_row_s, "every_row_over_rollout": every_row_s / rollout_s,
-        "update_flops": flops, "flops_source": "XLA cost_analysis of the compiled every-row update",
-        "update_gflops_per_s": flops / every_row_s / 1e9, "update_share_of_peak": flops / every_row_s / peak,
+        "update_flops": f_new, "flops_source": "XLA cost_analysis of the compiled every-row update",
+        "update_gflops_per_s": f_new / every_row_s / 1e9, "update_share_of_peak": f_new / every_row_s / peak,
+        "length_buckets": base_cfg.length_buckets, "logits_at_loss_only": base_cfg.logits_at_loss_only,
+        "step_every_row_s": every["new"], "games_per_s_every_row": s.batch_size / every["new"],
+        "baseline_step_every_row_s": every["old"], "baseline_games_per_s_every_row": s.batch_size / every["old"],
+        "baseline_update_every_row_s": timed["baseline_every_row"],
+        "baseline_every_row_over_rollout": timed["baseline_every_row"] / rollout_s, "baseline_update_flops": f_old,
     }
+    row["every_row_games_speedup"] = row["games_per_s_every_row"] / row["baseline_games_per_s_every_row"]
     row["target_update_le_2x_rollout"] = row["update_over_rollout"] <= 2.0
     row["target_40pct_of_peak"] = row["update_share_of_peak"] >= 0.40
+    row["target_every_row_le_1_2x_rollout"] = row["every_row_over_rollout"] <= 1.2
+    row["target_every_row_games_1_7x"] = row["every_row_games_speedup"] >= 1.7
     print(f"compile + first step {compile_s:.1f} s; whole step {step_s:.2f} s (median of {len(times)}) = "
           f"{row['games_per_s']:.1f} trained games/s; second call recompiled: {recompiled}")
     print(f"rollout {rollout_s:.2f} s, update {update_s:.2f} s: update = {row['update_over_rollout']:.2f}x rollout "
           f"(target <= 2x: {'met' if row['target_update_le_2x_rollout'] else 'NOT met'}); "
-          f"{zero_std:.0%} of the groups have no reward spread and skip; computing every row: {every_row_s:.2f} s "
-          f"= {row['every_row_over_rollout']:.2f}x rollout")
-    print(f"every-row update {flops / 1e9:.1f} GFLOP (XLA cost analysis) in {every_row_s:.2f} s = "
-          f"{row['update_gflops_per_s']:.1f} GFLOP/s = {row['update_share_of_peak']:.1%} of the matmul peak "
-          f"(target >= 40 %: {'met' if row['target_40pct_of_peak'] else 'NOT met'}); games: longest "
-          f"{length} tokens of the {s.rollout.context_length} the update is padded to")
+          f"{zero_std:.0%} of the groups have no reward spread and skip")
+    print(f"computing every row: update {every_row_s:.2f} s = {row['every_row_over_rollout']:.2f}x rollout (target "
+          f"<= 1.2x: {'met' if row['target_every_row_le_1_2x_rollout'] else 'NOT met'}; old path "
+          f"{timed['baseline_every_row']:.2f} s = {row['baseline_every_row_over_rollout']:.2f}x); whole step "
+          f"{every['new']:.2f} s = {row['games_per_s_every_row']:.1f} games/s against the old path's {every['old']:.2f} s "
+          f"= {row['baseline_games_per_s_every_row']:.1f} games/s: {row['every_row_games_speedup']:.2f}x (target >= "
+          f"1.7x: {'met' if row['target_every_row_games_1_7x'] else 'NOT met'})")
+    print(f"every-row update {f_new / 1e9:.1f} GFLOP (old path {f_old / 1e9:.1f}; XLA cost analysis) in "
+          f"{every_row_s:.2f} s = {row['update_gflops_per_s']:.1f} GFLOP/s = {row['update_share_of_peak']:.1%} of the "
+          f"matmul peak (target >= 40 %: {'met' if row['target_40pct_of_peak'] else 'NOT met'}); games: longest "
+          f"{length} tokens of the {s.rollout.context_length} context")
     print(json.dumps(row))
 
 

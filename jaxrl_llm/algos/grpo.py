@@ -5,9 +5,11 @@ example), all inside one `jit`:
   1. advantages from the rewards, per group (`group_advantages`);
   2. with a KL penalty (beta > 0), the frozen reference model's log-probs of the batch, once;
   3. `passes` passes over `num_minibatches` minibatches (rows shuffled per pass, or in order); each
-     minibatch recomputes the policy's log-probs with a full forward (`module.apply`), takes the gradient
-     of `grpo_loss` (optionally accumulated over `grad_accum_steps` micro-batches with `lax.scan`) and
-     applies one optax update.
+     minibatch recomputes the policy's log-probs with a forward (`module.apply`) over each micro-batch's
+     length bucket, with the LM head only at the loss positions, takes the gradient of `grpo_loss`
+     (optionally accumulated over `grad_accum_steps` micro-batches with `lax.scan`) and applies one optax
+     update, unless no row of the minibatch carries signal (then params and optimizer state stay as
+     they are).
 The importance ratio compares the current policy with the sampler that produced the tokens: its
 log-probs are the trajectory's `logprobs` (aligned with `tokens`: position t holds log p(tokens[t])).
 
@@ -26,13 +28,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxrl_llm.algos.optim import global_norm
+from jaxrl_llm.algos.optim import applied_learning_rate, global_norm
 from jaxrl_llm.checks import ConfigError, check_choice, check_float, check_int
 from jaxrl_llm.generate.sampler import NOT_IN_TOML
 from models import lora
 
 LOSS_TYPES = ("token-mean", "sequence-mean-token-mean", "dr-grpo")
 SCALE_REWARDS = ("group", "none")
+LOSS_ON = ("reply", "decision")
 ADVANTAGES = ("episode", "step", "mix")
 
 
@@ -74,6 +77,23 @@ class GrpoConfig:
         metrics (clip fractions, ratio, entropy) are then means over the computed rows. Use
         grad_accum_steps > 1 for a finer granularity. Ignored when beta > 0 (the KL term has a gradient
         on every row).
+    length_buckets: the update runs each micro-batch (and the reference / metric forwards, chunk by chunk)
+        over the shortest of `length_buckets` static lengths (`bucket_lengths`: multiples of L / n rounded
+        up to 8, the last L) that holds its longest real row (the last loss token + 1), chosen with
+        `lax.switch`: each bucket compiles once, no step recompiles. A causal model's log-probs at the kept
+        positions are those of the full context, so the update equals the full-length one (float
+        rounding aside). With grad_accum_steps > 1 each minibatch's rows are ordered by length (the
+        advantaged ones first under skip_zero_advantage) before it is cut into micro-batches (exact: the
+        micro-batches share their minibatch's normalisers). 1: every row at the full context (the old path).
+    logits_at_loss_only: the final hidden states are gathered at the positions that predict loss tokens
+        before the LM head (`Lfm2ForCausalLM(logit_positions=...)`), so the logits and log-softmax cost
+        K positions a row instead of L, with K = max_completion_tokens rounded up to 8 (at most L; L when
+        it is unset). A row with more loss tokens than K loses the later ones (metric `loss_tokens_cut`;
+        0 when max_completion_tokens is the true bound, max_turns * max_new_tokens, as a stage sets it).
+        False: the logits at every position (the old path).
+    loss_on: "reply" (every model token, today) or "decision" (only the tokens that carry the reply
+        grammar's content, the `decision_mask` given to `grpo_update_step`: the move, the answer; the
+        fixed format text then gets no gradient and cannot drift).
     advantage: what each token's advantage is (`algos.advantages.token_advantages`): "episode" the group
         advantage of the game's reward on every token (today's GRPO); "step" per-turn step groups after
         GiGPO (turns of one group played from the same state, keyed by `Env.state_key`, compared by
@@ -100,6 +120,9 @@ class GrpoConfig:
     temperature: float = dataclasses.field(default=1.0, metadata=NOT_IN_TOML)
     compute_entropy: bool = True
     skip_zero_advantage: bool = True
+    length_buckets: int = 8
+    logits_at_loss_only: bool = True
+    loss_on: str = "reply"
     advantage: str = "episode"
     episode_weight: float = 1.0
     step_weight: float = 1.0
@@ -125,6 +148,8 @@ class GrpoConfig:
         if self.ratio_mask_high is not None:
             check_float(self, "ratio_mask_high", low=1.0, low_open=True)
         check_float(self, "temperature", low=0.0, low_open=True)
+        check_int(self, "length_buckets", 1)
+        check_choice(self, "loss_on", LOSS_ON)
         check_choice(self, "advantage", ADVANTAGES)
         check_float(self, "episode_weight", low=0.0)
         check_float(self, "step_weight", low=0.0)
@@ -200,7 +225,7 @@ def token_entropy(logits: jax.Array) -> jax.Array:
 # The loss
 # ----------------------------------------------------------------------------------------------------------
 
-_SUM_KEYS = ("tokens", "clip_low", "clip_high", "ratio", "log_ratio_abs", "kl", "ratio_masked", "entropy")
+_SUM_KEYS = ("tokens", "clip_low", "clip_high", "ratio", "kl", "ratio_masked", "entropy")
 
 
 def _loss_and_sums(policy_logprobs, sampler_logprobs, ref_logprobs, advantages, loss_mask, config: GrpoConfig,
@@ -208,6 +233,7 @@ def _loss_and_sums(policy_logprobs, sampler_logprobs, ref_logprobs, advantages, 
     """The loss with the normalisers given (so micro-batches can share their minibatch's), and metric sums.
 
     token_count: masked tokens of the whole minibatch ("token-mean"); num_rows: its rows (the other modes).
+    advantages: float32[B] (one per row) or float32[B, L] (one per token).
     Returns (loss scalar, dict of per-token sums over masked tokens, keys `_SUM_KEYS`).
     """
     mask = loss_mask.astype(jnp.float32)
@@ -216,7 +242,8 @@ def _loss_and_sums(policy_logprobs, sampler_logprobs, ref_logprobs, advantages, 
     # Off the mask the log-probs may be anything (sampler 0, policy garbage): keep the ratio finite there.
     log_ratio = jnp.where(on, policy_logprobs - sampler_logprobs.astype(jnp.float32), 0.0)
     ratio = jnp.exp(log_ratio)
-    adv = advantages.astype(jnp.float32)[:, None]
+    adv = advantages.astype(jnp.float32)
+    adv = adv[:, None] if adv.ndim == 1 else adv
     clipped_ratio = jnp.clip(ratio, 1.0 - config.epsilon_low, 1.0 + config.epsilon_high)
     per_token = -jnp.minimum(ratio * adv, clipped_ratio * adv)
     kl = jnp.zeros_like(per_token)
@@ -247,7 +274,6 @@ def _loss_and_sums(policy_logprobs, sampler_logprobs, ref_logprobs, advantages, 
         "clip_low": jnp.sum(mask * ((r_sg < 1.0 - config.epsilon_low) & (adv < 0))),
         "clip_high": jnp.sum(mask * ((r_sg > 1.0 + config.epsilon_high) & (adv > 0))),
         "ratio": jnp.sum(mask * r_sg),
-        "log_ratio_abs": jnp.sum(mask * jnp.abs(sg(log_ratio))),
         "kl": jnp.sum(mask * sg(kl)),
         "ratio_masked": jnp.sum(mask - keep),
         "entropy": jnp.sum(mask * sg(entropy)) if entropy is not None else jnp.zeros((), jnp.float32),
@@ -264,7 +290,6 @@ def _finish_metrics(sums: dict, with_entropy: bool) -> dict:
         "clip_frac_high": sums["clip_high"] / n,
         "clip_frac": (sums["clip_low"] + sums["clip_high"]) / n,
         "ratio_mean": sums["ratio"] / n,
-        "log_ratio_abs_mean": sums["log_ratio_abs"] / n,
         "kl": sums["kl"] / n,
         "ratio_masked_frac": sums["ratio_masked"] / n,
     }
@@ -282,7 +307,7 @@ def grpo_loss(
     config: GrpoConfig,
     entropy: jax.Array | None = None,
 ) -> tuple[jax.Array, dict]:
-    """The clipped-ratio GRPO loss: float32[B, L] x3 (ref may be None), float32[B], float32[B, L] -> (scalar, metrics).
+    """The clipped-ratio GRPO loss: float32[B, L] x3 (ref may be None), float32[B] or [B, L], float32[B, L] -> (scalar, metrics).
 
     Per token (m = 1):
         r = exp(logp - logq)
@@ -296,7 +321,7 @@ def grpo_loss(
         "sequence-mean-token-mean": loss = (1 / B) sum_b (sum_t k l / n_b)      (rows with n_b = 0 give 0)
         "dr-grpo":                  loss = sum_{b,t} k l / (B * max_completion_tokens)
     Metrics (means over the m tokens): clip_frac_low (r < 1 - epsilon_low and A < 0: the low clip
-    binds), clip_frac_high (r > 1 + epsilon_high and A > 0), clip_frac, ratio_mean, log_ratio_abs_mean,
+    binds), clip_frac_high (r > 1 + epsilon_high and A > 0), clip_frac, ratio_mean,
     kl, ratio_masked_frac; num_tokens = N; entropy (mean of the given float32[B, L]) when given.
     """
     mask = loss_mask.astype(jnp.float32)
@@ -325,6 +350,70 @@ def policy_logprobs(module, params, tokens: jax.Array, temperature: float = 1.0,
     return logp, (token_entropy(logits) if with_entropy else None)
 
 
+def bucket_lengths(length: int, count: int) -> tuple[int, ...]:
+    """The static lengths of `GrpoConfig.length_buckets`, ascending, the last `length`.
+
+    Bucket i (1 .. count) is ceil(i * length / count) rounded up to a multiple of 8, at most `length`
+    (duplicates dropped): e.g. 400, 8 -> (56, 104, 152, 200, 256, 304, 352, 400).
+    """
+    out = {int(length)}
+    for i in range(1, count):
+        b = -(-i * length // count)
+        out.add(min(int(length), -(-b // 8) * 8))
+    return tuple(sorted(out))
+
+
+def real_lengths(loss_mask: jax.Array) -> jax.Array:
+    """The positions a row's loss needs: float32[B, L] -> int32[B], its last loss position + 1 (0: none).
+
+    A causal model's log-probs of those positions are the same over the first `real_lengths` tokens as
+    over the whole row."""
+    length = loss_mask.shape[1]
+    return jnp.max(jnp.where(loss_mask > 0, jnp.arange(1, length + 1, dtype=jnp.int32), 0), axis=1)
+
+
+def loss_slots(loss_mask: jax.Array, slots: int) -> tuple[jax.Array, jax.Array]:
+    """Where each row's loss tokens are: float32[B, L], K -> (positions int32[B, K], valid bool[B, K]).
+
+    Slot k of row b holds the k-th loss position of the row (ascending); slots past the row's count are
+    invalid (position 0). A row's loss tokens past the K-th are in no slot.
+    """
+    on = loss_mask > 0
+    order = jnp.argsort(~on, axis=1, stable=True)[:, :slots].astype(jnp.int32)
+    valid = jnp.take_along_axis(on, order, axis=1)
+    return jnp.where(valid, order, 0), valid
+
+
+def slot_logits(module, params, tokens: jax.Array, positions: jax.Array | None, temperature: float = 1.0):
+    """The logits each slot's token was drawn from, divided by `temperature`: float32[R, K, V].
+
+    positions int32[R, K] (token positions, >= 1 where used): the model's logits at positions - 1 only,
+    the final hidden states gathered before the LM head (`logit_positions`). None: the slots are the
+    positions 0 .. T-1 of tokens int32[R, T] (K = T; the full logits shifted by one, slot 0 zeros since
+    nothing predicts the first token).
+    """
+    if positions is not None:
+        logits, _ = module.apply({"params": params}, tokens, logit_positions=jnp.maximum(positions - 1, 0))
+    else:
+        logits, _ = module.apply({"params": params}, tokens)
+        logits = jnp.pad(logits[:, :-1], ((0, 0), (1, 0), (0, 0)))
+    logits = logits.astype(jnp.float32)
+    return logits / temperature if temperature != 1.0 else logits
+
+
+def _picked_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """log softmax(logits)[target]: float32[R, K, V], int32[R, K] -> float32[R, K]."""
+    picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    return picked - jax.nn.logsumexp(logits, axis=-1)
+
+
+def _entropy(logits: jax.Array) -> jax.Array:
+    """Entropy of softmax(logits) over the last axis: float32[..., V] -> float32[...]."""
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    p = jnp.exp(logp)
+    return -jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1)
+
+
 def _check_batch(config: GrpoConfig, tokens, loss_mask, sampler_logprobs, rewards):
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be int32[B, L], got shape {tokens.shape}")
@@ -345,6 +434,33 @@ def _check_batch(config: GrpoConfig, tokens, loss_mask, sampler_logprobs, reward
         )
 
 
+def _check_extras(config: GrpoConfig, shape, advantages, decision_mask, choice_legal, choice_tokens):
+    """The optional per-token inputs of `grpo_update_step`, as float32 / bool / int32 arrays (or None)."""
+    batch, length = shape
+    if advantages is not None:
+        advantages = jnp.asarray(advantages, jnp.float32)
+        if advantages.shape not in ((batch,), (batch, length)):
+            raise ValueError(f"advantages must be float32[{batch}] or float32[{batch}, {length}], got shape "
+                             f"{advantages.shape}")
+    if decision_mask is not None:
+        decision_mask = jnp.asarray(decision_mask, jnp.float32)
+        if decision_mask.shape != (batch, length):
+            raise ValueError(f"decision_mask must be float32[{batch}, {length}], got shape {decision_mask.shape}")
+    if config.loss_on == "decision" and decision_mask is None:
+        raise ValueError("GrpoConfig.loss_on = 'decision' needs decision_mask (the trajectory's decision tokens)")
+    if choice_legal is not None:
+        if choice_tokens is None:
+            raise ValueError("choice_legal needs choice_tokens (int32[C], the token of each choice)")
+        choice_tokens = jnp.asarray(choice_tokens, jnp.int32)
+        choice_legal = jnp.asarray(choice_legal, bool)
+        if choice_legal.shape != (batch, length, choice_tokens.shape[0]):
+            raise ValueError(f"choice_legal must be bool[{batch}, {length}, {choice_tokens.shape[0]}] (C from "
+                             f"choice_tokens), got shape {choice_legal.shape}")
+        if choice_tokens.shape[0] == 0:
+            choice_legal = choice_tokens = None
+    return advantages, decision_mask, choice_legal, choice_tokens
+
+
 def grpo_update_step(
     module,
     optimizer: optax.GradientTransformation,
@@ -358,6 +474,11 @@ def grpo_update_step(
     rewards: jax.Array,
     key: jax.Array,
     frozen=None,
+    *,
+    advantages: jax.Array | None = None,
+    decision_mask: jax.Array | None = None,
+    choice_legal: jax.Array | None = None,
+    choice_tokens: jax.Array | None = None,
 ):
     """One GRPO update (traceable; `make_grpo_update` jits it) -> (params, opt_state, metrics).
 
@@ -367,19 +488,39 @@ def grpo_update_step(
     frozen: None, or the frozen base of a LoRA policy (`models.lora`): params are then its adapters, the
     policy is `lora.join(frozen, params, dropout key)` (one dropout key per micro-batch, drawn from the
     pass key without changing the shuffle) and only the adapters get gradients and optimizer updates.
+    Optional (None: as without them):
+      advantages float32[B] or float32[B, L]: replaces the group advantages of `rewards` ([B, L]: one per
+        token, e.g. `algos.advantages.token_advantages`);
+      decision_mask float32[B, L]: 1 on the tokens that carry the reply grammar's content; the loss mask
+        with `GrpoConfig.loss_on = "decision"`, and the decision metrics below;
+      choice_legal bool[B, L, C] with choice_tokens int32[C]: at each position, which choices are legal,
+        and the token that spells each (`TextTables.choice_tokens`); for `illegal_choice_prob`.
     Runs passes * num_minibatches optimizer steps; each minibatch's loss is `grpo_loss` over its rows (its
     own token count / row count as normalisers, shared by its micro-batches, so accumulation is exact).
-    Metrics (scalars): loss, grad_norm (global norm before
-    the optimizer's clipping), the `grpo_loss` metrics, all averaged over the optimizer steps;
-    grad_norm_max; reward_mean / reward_std; advantage_mean / advantage_std / advantage_min /
-    advantage_max; frac_zero_std_groups (groups whose rewards are all equal, i.e. no signal);
-    num_tokens (masked tokens of the batch).
+    A minibatch without signal (beta = 0 and every advantage on its loss tokens 0) takes no optimizer step:
+    params and optimizer state (moments, step count) stay exactly as they were.
+    Each micro-batch runs at its length bucket and the LM head only at the loss positions
+    (`GrpoConfig.length_buckets`, `logits_at_loss_only`).
+    Metrics (scalars): loss, grad_norm (global norm before the optimizer's clipping), the `grpo_loss`
+    metrics, all averaged over the optimizer steps; grad_norm_max; optimizer_steps (taken);
+    learning_rate (the mean rate of the steps taken, read from the optimizer state, when the optimizer
+    injects it as `optim.make_optimizer` does; 0 when none was taken); reward_mean / reward_std;
+    advantage_mean / advantage_std / advantage_min / advantage_max (over rows, or with per-token
+    advantages over loss tokens); frac_zero_std_groups (groups whose rewards are all equal) and
+    frac_groups_with_spread (the others); num_tokens (loss tokens of the batch); loss_tokens_cut (loss
+    tokens past the K slots of `logits_at_loss_only`, 0 when max_completion_tokens bounds them).
+    With decision_mask, from a no-grad forward at the decision tokens before the update and one after it:
+    decision_policy_change (mean |log pi_after - log pi_before| of the sampled decision tokens),
+    decision_entropy (before), decision_tokens; with choice_legal, illegal_choice_prob (before: the
+    probability mass on the illegal choices' tokens at the decision tokens).
     """
     tokens = jnp.asarray(tokens, jnp.int32)
     loss_mask = jnp.asarray(loss_mask, jnp.float32)
     sampler_logprobs = jnp.asarray(sampler_logprobs, jnp.float32)
     rewards = jnp.asarray(rewards, jnp.float32)
     _check_batch(config, tokens, loss_mask, sampler_logprobs, rewards)
+    advantages, decision_mask, choice_legal, choice_tokens = _check_extras(
+        config, tokens.shape, advantages, decision_mask, choice_legal, choice_tokens)
     use_ref = config.beta > 0
     if use_ref and ref_params is None:
         raise ValueError("GrpoConfig.beta > 0 needs ref_params (the frozen reference model)")
@@ -388,44 +529,127 @@ def grpo_update_step(
     mb_rows = batch // n_mb
     micro_rows = mb_rows // n_acc
 
-    advantages = group_advantages(rewards, config.group_size, config.scale_rewards, config.std_eps)
     grouped = rewards.reshape(-1, config.group_size)
     zero_std = jnp.all(grouped == grouped[:, :1], axis=1)
+    if advantages is None:
+        advantages = group_advantages(rewards, config.group_size, config.scale_rewards, config.std_eps)
+    if config.loss_on == "decision":
+        loss_mask = loss_mask * decision_mask
 
-    data = {"tokens": tokens, "mask": loss_mask, "sampler": sampler_logprobs, "adv": advantages}
-    if use_ref:
-        # Once per update, in micro-batch-sized chunks (bounded memory), without gradient.
-        chunks = tokens.reshape(-1, micro_rows, length)
-        ref = jax.lax.map(lambda t: policy_logprobs(module, ref_params, t, config.temperature)[0], chunks)
-        data["ref"] = jax.lax.stop_gradient(ref.reshape(batch, length))
+    # The per-token layout: K slots a row. With logits_at_loss_only the slots are the loss positions
+    # (`loss_slots`); else the positions themselves (K = L).
+    gather = config.logits_at_loss_only
+    if gather:
+        bound = config.max_completion_tokens or length
+        slots = min(length, -(-bound // 8) * 8)
+        positions, valid = loss_slots(loss_mask, slots)
 
-    def micro_loss(p, micro, token_count, drop_key):
-        policy = p if frozen is None else lora.join(frozen, p, drop_key)
-        logp, ent = policy_logprobs(module, policy, micro["tokens"], config.temperature, config.compute_entropy)
-        return _loss_and_sums(logp, micro["sampler"], micro.get("ref"), micro["adv"], micro["mask"], config,
-                              token_count, mb_rows, ent)
+        def at(x):  # [B, L, ...] -> [B, K, ...], the values at the slots
+            return jnp.take_along_axis(x, positions.reshape(positions.shape + (1,) * (x.ndim - 2)), axis=1)
+    else:
+        slots = length
+        positions, valid = jnp.zeros((batch, length), jnp.int32), loss_mask > 0
 
-    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+        def at(x):
+            return x
+    slot_mask = at(loss_mask) * valid
+    token_adv = advantages if advantages.ndim == 1 else at(advantages)
+    adv_2d = token_adv[:, None] if token_adv.ndim == 1 else token_adv
+    buckets = bucket_lengths(length, config.length_buckets)
+    bucket_array = jnp.asarray(buckets, jnp.int32)
+    need = real_lengths(loss_mask)
+    data = {"tokens": tokens, "pos": positions, "target": at(tokens), "mask": slot_mask, "sampler": at(sampler_logprobs),
+            "adv": token_adv, "need": need, "signal": jnp.any((adv_2d != 0) & (slot_mask > 0), axis=1)}
+
+    def policy_at(policy, tok, pos, kb):
+        """Slot logits of micro-batch rows (tokens cut to their bucket, the first kb slots); policy: the
+        params `module.apply` takes (with LoRA, joined)."""
+        return slot_logits(module, policy, tok, pos[:, :kb] if gather else None, config.temperature)
+
+    def view(p):  # the policy's apply params (LoRA: joined to the frozen base, no dropout)
+        return p if frozen is None else lora.join(frozen, p)
+
+    def by_chunks(policy, fn, extra: dict):
+        """fn(logits [R, kb, V], chunk) -> tuple of [R, kb, ...] over the whole batch, without gradient: rows
+        ordered by length, in micro-batch-sized chunks, each at its bucket; returns [B, K, ...] in batch order."""
+        order = jnp.argsort(need)
+        inverse = jnp.argsort(order)
+        parts = {"tokens": tokens, "pos": positions, "target": data["target"], "need": need, **extra}
+        chunks = {k: v[order].reshape((-1, micro_rows) + v.shape[1:]) for k, v in parts.items()}
+
+        def branch(lb, c):
+            kb = min(slots, lb)
+            logits = policy_at(policy, c["tokens"][:, :lb], c["pos"], kb)
+            outs = fn(logits, {k: v[:, :kb] for k, v in c.items() if k != "tokens" and k != "need"})
+            return tuple(jnp.pad(o, ((0, 0), (0, slots - kb)) + ((0, 0),) * (o.ndim - 2)) for o in outs)
+
+        def one(c):
+            index = jnp.searchsorted(bucket_array, jnp.max(c["need"]))
+            return jax.lax.switch(index, [functools.partial(branch, lb) for lb in buckets], c)
+
+        outs = jax.lax.map(one, chunks)
+        return tuple(jax.lax.stop_gradient(o.reshape((batch,) + o.shape[2:])[inverse]) for o in outs)
+
+    if use_ref:  # once per update, without gradient
+        data["ref"] = by_chunks(ref_params, lambda logits, c: (_picked_logprobs(logits, c["target"]),), {})[0]
+    decision = None
+    if decision_mask is not None:
+        decision = at(decision_mask) * valid
+        extra = {} if choice_legal is None else {"legal": at(choice_legal)}
+
+        def decision_stats(logits, c):
+            logp = _picked_logprobs(logits, c["target"])
+            out = (logp, _entropy(logits))
+            if choice_legal is not None:
+                logz = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+                p_choice = jnp.exp(logits[..., choice_tokens] - logz)  # [R, kb, C]
+                out += (jnp.sum(jnp.where(c["legal"], 0.0, p_choice), axis=-1),)
+            return out
+
+        before = by_chunks(view(params), decision_stats, extra)
+
+    def micro_branch(lb, p, micro, token_count, drop_key):
+        """(loss, sums), grads of one micro-batch at bucket length lb."""
+        kb = min(slots, lb)
+        cut = lambda x: x[:, :kb]  # noqa: E731
+
+        def loss_fn(p):
+            policy = p if frozen is None else lora.join(frozen, p, drop_key)
+            logits = policy_at(policy, micro["tokens"][:, :lb], micro["pos"], kb)
+            ent = _entropy(logits) if config.compute_entropy else None
+            adv = micro["adv"] if micro["adv"].ndim == 1 else cut(micro["adv"])
+            return _loss_and_sums(_picked_logprobs(logits, cut(micro["target"])), cut(micro["sampler"]),
+                                  cut(micro["ref"]) if use_ref else None, adv, cut(micro["mask"]), config,
+                                  token_count, mb_rows, ent)
+
+        return jax.value_and_grad(loss_fn, has_aux=True)(p)
+
     skip = config.skip_zero_advantage and not use_ref
 
+    def zero_grads(p, micro, token_count, drop_key):
+        return ((jnp.zeros((), jnp.float32), {k: jnp.zeros((), jnp.float32) for k in _SUM_KEYS}),
+                jax.tree_util.tree_map(jnp.zeros_like, p))
+
     def micro_grads(p, micro, token_count, drop_key):
-        """(loss, sums), grads of one micro-batch; the exact zeros without computing when no row has an
-        advantage (skip_zero_advantage)."""
-        if not skip:
-            return grad_fn(p, micro, token_count, drop_key)
-
-        def zeros(p, micro, token_count, drop_key):
-            return ((jnp.zeros((), jnp.float32), {k: jnp.zeros((), jnp.float32) for k in _SUM_KEYS}),
-                    jax.tree_util.tree_map(jnp.zeros_like, p))
-
-        return jax.lax.cond(jnp.any(micro["adv"] != 0), grad_fn, zeros, p, micro, token_count, drop_key)
+        """(loss, sums), grads of one micro-batch at its bucket; the exact zeros without computing when no
+        row has signal (skip_zero_advantage)."""
+        branches = [functools.partial(micro_branch, lb) for lb in buckets]
+        index = jnp.searchsorted(bucket_array, jnp.max(micro["need"]))
+        if skip:
+            branches = [zero_grads] + branches
+            index = jnp.where(jnp.any(micro["signal"]), index + 1, 0)
+        if len(branches) == 1:
+            return branches[0](p, micro, token_count, drop_key)
+        return jax.lax.switch(index, branches, p, micro, token_count, drop_key)
 
     def minibatch_step(carry, xs):
         p, o = carry
         mb, mb_key = xs
         token_count = jnp.sum(mb["mask"])
-        if skip and n_acc > 1:  # the rows with an advantage first, so that whole micro-batches can skip
-            order = jnp.argsort(mb["adv"] == 0, stable=True)
+        if n_acc > 1 and (skip or len(buckets) > 1):
+            # Rows with signal first (whole micro-batches can skip), each part by length (short buckets).
+            rank = jnp.where(mb["signal"], 0, length + 1) if skip else jnp.zeros_like(mb["need"])
+            order = jnp.argsort(rank + (mb["need"] if len(buckets) > 1 else 0), stable=True)
             mb = jax.tree_util.tree_map(lambda x: x[order], mb)
         if n_acc == 1:
             (loss, sums), grads = micro_grads(p, mb, token_count, mb_key)
@@ -442,11 +666,17 @@ def grpo_update_step(
                      jax.tree_util.tree_map(jnp.zeros_like, p))
             (loss, sums, grads), _ = jax.lax.scan(accumulate, zeros, (micros, jax.random.split(mb_key, n_acc)))
         grad_norm = global_norm(grads)
-        updates, o = optimizer.update(grads, o, p)
-        p = optax.apply_updates(p, updates)
+        updates, new_o = optimizer.update(grads, o, p)
+        new_p = optax.apply_updates(p, updates)
+        # No signal (beta = 0, every advantage 0): no step at all, so Adam's moments cannot drift the weights.
+        stepped = jnp.asarray(True) if use_ref else jnp.any(mb["signal"])
+        p, o = jax.tree_util.tree_map(lambda new, old: jnp.where(stepped, new, old), (new_p, new_o), (p, o))
         metrics = _finish_metrics(sums, config.compute_entropy)
         metrics.pop("num_tokens")
-        metrics.update(loss=loss, grad_norm=grad_norm)
+        metrics.update(loss=loss, grad_norm=grad_norm, optimizer_step=stepped.astype(jnp.float32))
+        rate = applied_learning_rate(new_o)
+        if rate is not None:
+            metrics["learning_rate"] = jnp.where(stepped, jnp.asarray(rate, jnp.float32), 0.0)
         return (p, o), metrics
 
     def one_pass(carry, pass_key):
@@ -460,26 +690,52 @@ def grpo_update_step(
         return jax.lax.scan(minibatch_step, carry, (minibatches, drop_keys))
 
     (params, opt_state), steps = jax.lax.scan(one_pass, (params, opt_state), jax.random.split(key, config.passes))
+    taken = jnp.sum(steps.pop("optimizer_step"))
+    rate = steps.pop("learning_rate", None)
     metrics = {k: jnp.mean(v) for k, v in steps.items()}
+    if rate is not None:
+        metrics["learning_rate"] = jnp.sum(rate) / jnp.maximum(taken, 1.0)
+    on = loss_mask > 0
+    if advantages.ndim == 1:
+        adv_stats = (jnp.mean(advantages), jnp.std(advantages), jnp.min(advantages), jnp.max(advantages))
+    else:
+        n_on = jnp.maximum(jnp.sum(on), 1)
+        mean = jnp.sum(jnp.where(on, advantages, 0.0)) / n_on
+        std = jnp.sqrt(jnp.sum(jnp.where(on, (advantages - mean) ** 2, 0.0)) / n_on)
+        adv_stats = (mean, std, jnp.min(jnp.where(on, advantages, jnp.inf)), jnp.max(jnp.where(on, advantages, -jnp.inf)))
     metrics.update(
         grad_norm_max=jnp.max(steps["grad_norm"]),
+        optimizer_steps=taken,
         reward_mean=jnp.mean(rewards),
         reward_std=jnp.std(rewards),
-        advantage_mean=jnp.mean(advantages),
-        advantage_std=jnp.std(advantages),
-        advantage_min=jnp.min(advantages),
-        advantage_max=jnp.max(advantages),
+        advantage_mean=adv_stats[0],
+        advantage_std=adv_stats[1],
+        advantage_min=adv_stats[2],
+        advantage_max=adv_stats[3],
         frac_zero_std_groups=jnp.mean(zero_std.astype(jnp.float32)),
+        frac_groups_with_spread=1.0 - jnp.mean(zero_std.astype(jnp.float32)),
         num_tokens=jnp.sum(loss_mask),
+        loss_tokens_cut=jnp.sum(loss_mask) - jnp.sum(slot_mask),
     )
+    if decision is not None:
+        after = by_chunks(view(params), lambda logits, c: (_picked_logprobs(logits, c["target"]),), {})[0]
+        n_dec = jnp.maximum(jnp.sum(decision), 1.0)
+        metrics.update(
+            decision_tokens=jnp.sum(decision),
+            decision_policy_change=jnp.sum(decision * jnp.abs(after - before[0])) / n_dec,
+            decision_entropy=jnp.sum(decision * before[1]) / n_dec,
+        )
+        if choice_legal is not None:
+            metrics["illegal_choice_prob"] = jnp.sum(decision * before[2]) / n_dec
     return params, opt_state, metrics
 
 
 def make_grpo_update(
     module, optimizer: optax.GradientTransformation, config: GrpoConfig, ref_params=None
 ) -> Callable[..., tuple[Any, Any, dict]]:
-    """Compile-once update: `update(params, opt_state, tokens, loss_mask, sampler_logprobs, rewards, key)
-    -> (params, opt_state, metrics)` (shapes and metrics as in `grpo_update_step`).
+    """Compile-once update: `update(params, opt_state, tokens, loss_mask, sampler_logprobs, rewards, key,
+    **extra) -> (params, opt_state, metrics)` (shapes, the optional keyword arguments `extra` and the
+    metrics as in `grpo_update_step`).
 
     module: a Flax LM, `module.apply({"params": p}, tokens) -> (logits[B, L, V], _)`; optimizer: e.g.
     `optim.make_optimizer(OptimConfig)`. params and opt_state are donated (do not reuse the arguments).
@@ -496,8 +752,8 @@ def make_grpo_update(
         ref_params = None
     jitted = jax.jit(functools.partial(grpo_update_step, module, optimizer, config), donate_argnums=(0, 1))
 
-    def update(params, opt_state, tokens, loss_mask, sampler_logprobs, rewards, key):
-        return jitted(params, opt_state, ref_params, tokens, loss_mask, sampler_logprobs, rewards, key)
+    def update(params, opt_state, tokens, loss_mask, sampler_logprobs, rewards, key, **extra):
+        return jitted(params, opt_state, ref_params, tokens, loss_mask, sampler_logprobs, rewards, key, **extra)
 
     update.jitted = jitted
     return update

@@ -15,8 +15,13 @@ SCHEDULES = ("cosine", "linear", "constant")
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
     """AdamW with linear warmup then `schedule` ("cosine", "linear" or "constant") down to
-    `end_lr_ratio * learning_rate` at `total_steps` (None: the run's number of steps); gradients clipped
-    to `max_grad_norm` (0 disables). The `[sft.optim]` and `[grpo.optim]` tables."""
+    `end_lr_ratio * learning_rate` at `total_steps` (None: the run's number of optimizer updates);
+    gradients clipped to `max_grad_norm` (0 disables). The `[sft.optim]` and `[grpo.optim]` tables.
+
+    warmup_steps and total_steps count optimizer updates, the unit the schedule is applied in: one per
+    SFT step; `passes * num_minibatches` per GRPO step (a GRPO stage's default total is
+    `steps * passes * num_minibatches`). The rate applied is in the optimizer state
+    (`applied_learning_rate`)."""
 
     learning_rate: float = 1e-4
     warmup_steps: int = 0
@@ -70,13 +75,16 @@ def learning_rate_schedule(config: OptimConfig) -> optax.Schedule:
 
 
 def make_optimizer(config: OptimConfig) -> optax.GradientTransformation:
-    """optax chain: clip by global norm (if set) -> AdamW on the schedule."""
+    """optax chain: clip by global norm (if set) -> AdamW on the schedule, its learning rate injected into
+    the state (`optax.inject_hyperparams`) so that the rate each update applied can be read back
+    (`applied_learning_rate`)."""
     parts = []
     if config.max_grad_norm > 0:
         parts.append(optax.clip_by_global_norm(config.max_grad_norm))
+    adamw = optax.inject_hyperparams(optax.adamw, static_args=("b1", "b2", "eps", "weight_decay"))
     parts.append(
-        optax.adamw(
-            learning_rate_schedule(config),
+        adamw(
+            learning_rate=learning_rate_schedule(config),
             b1=config.b1,
             b2=config.b2,
             eps=config.eps,
@@ -84,6 +92,17 @@ def make_optimizer(config: OptimConfig) -> optax.GradientTransformation:
         )
     )
     return optax.chain(*parts)
+
+
+def applied_learning_rate(opt_state) -> jax.Array | None:
+    """The learning rate the last update applied (float32 scalar), read from an optimizer state with an
+    injected `learning_rate` (`make_optimizer`'s; before any update: the first update's); None when the
+    state has none (e.g. a plain `optax.adam`)."""
+    is_injected = lambda x: isinstance(getattr(x, "hyperparams", None), dict)  # noqa: E731
+    for node in jax.tree_util.tree_leaves(opt_state, is_leaf=is_injected):
+        if is_injected(node) and "learning_rate" in node.hyperparams:
+            return node.hyperparams["learning_rate"]
+    return None
 
 
 def global_norm(tree) -> jax.Array:

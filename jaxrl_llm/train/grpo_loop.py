@@ -15,13 +15,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxrl_llm.algos.advantages import advantage_inputs, advantage_metrics
 from jaxrl_llm.algos.grpo import grpo_update_step
-from jaxrl_llm.algos.optim import learning_rate_schedule, make_optimizer
+from jaxrl_llm.algos.optim import make_optimizer
 from jaxrl_llm.checkpoint import Checkpointer, RunExistsError, RunLock
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.config import ExperimentConfig
 from jaxrl_llm.log_sinks import close_sinks, open_sinks
-from jaxrl_llm.metrics import MetricsWriter, Progress, read_metrics
+from jaxrl_llm.metrics import MetricsWriter, Progress, log_name, metric_kind, read_metrics
 from jaxrl_llm.rollout import Trajectory, games_text, make_rollout, model_policy, rollout, write_games_jsonl
 from jaxrl_llm.train.components import (Components, base_params, build, initial_policy, kill_point, make_mesh,
                                         policy_view, replicate, sft_trainable, shard_params, trainable_target)
@@ -30,15 +31,17 @@ from jaxrl_llm.train.evaluate import GENERIC_SUMMARY, evaluate
 from jaxrl_llm.train.keys import stream
 
 
-def rollout_metrics(traj: Trajectory) -> dict[str, jax.Array]:
-    """Per-batch figures (device scalars): the env's metrics as `<name>_rate` (means over the games where the
+def rollout_metrics(traj: Trajectory, kinds=None) -> dict[str, jax.Array]:
+    """Per-batch figures (device scalars): the env's metrics as `<name>_rate`, or `<name>_mean` for a metric
+    the env's `metric_kinds` (`kinds`) declares a mean (means over the games where the
     metric is not NaN; NaN when it is NaN for all), the reward parts as
     `<name>_reward` (unweighted), format / truncation / context-cut rates, reply lengths, tokens."""
     clash = set(traj.metrics) & set(GENERIC_SUMMARY)
     if clash:
         raise ValueError(f"env metric names {sorted(clash)} are reserved for the generic summary; rename them")
     replies = jnp.maximum(traj.turns.sum(), 1)
-    out = {f"{name}_rate": jnp.nanmean(v) for name, v in traj.metrics.items()}  # NaN: not this game's metric
+    out = {log_name(name, metric_kind(kinds, name)): jnp.nanmean(v)  # NaN: not this game's metric
+           for name, v in traj.metrics.items()}
     out.update({f"{name}_reward": jnp.mean(v) for name, v in traj.reward_parts.items()})
     out.update(
         format_rate=traj.reply_format.sum() / replies,
@@ -51,6 +54,26 @@ def rollout_metrics(traj: Trajectory) -> dict[str, jax.Array]:
         total_tokens=traj.length.sum(),
     )
     return {k: v.astype(jnp.float32) for k, v in out.items()}
+
+
+def decision_inputs(traj: Trajectory, tables) -> dict[str, jax.Array]:
+    """The optional inputs of `grpo_update_step` that a trajectory and the text tables can give: the
+    decision mask (`Trajectory.decision_mask`), and for a grammar of single-token choices whose legality the
+    env can say, choice_legal bool[B, L, C] (each model token's turn's legal choices, all True off the
+    model's tokens) with choice_tokens int32[C] (`TextTables.choice_tokens`). Empty when absent."""
+    out = {}
+    decision = getattr(traj, "decision_mask", None)
+    if decision is None:
+        return out
+    out["decision_mask"] = decision
+    legal, turn = getattr(traj, "turn_legal", None), getattr(traj, "token_turn", None)
+    choices = getattr(tables, "choice_tokens", None)
+    if legal is not None and turn is not None and choices is not None and legal.shape[-1] > 0 \
+            and legal.shape[-1] == choices.shape[0]:
+        per_token = jnp.take_along_axis(legal, jnp.clip(turn, 0, legal.shape[1] - 1)[..., None], axis=1)
+        out["choice_legal"] = jnp.where((turn >= 0)[..., None], per_token, True)
+        out["choice_tokens"] = jnp.asarray(choices, jnp.int32)
+    return out
 
 
 def make_grpo_step(comp: Components, stage: int, mesh=None):
@@ -84,8 +107,10 @@ def make_grpo_step(comp: Components, stage: int, mesh=None):
         params, opt_state, metrics = grpo_update_step(
             comp.module, optimizer, gcfg, params, opt_state, ref_params,
             traj.tokens, traj.loss_mask, traj.logprobs, traj.reward, k_update, frozen=frozen,
+            **decision_inputs(traj, comp.tables), **advantage_inputs(gcfg, traj),
         )
-        metrics.update(rollout_metrics(traj))
+        metrics.update(advantage_metrics(gcfg, traj))
+        metrics.update(rollout_metrics(traj, env.metric_kinds))
         metrics.update({k: jnp.asarray(v, jnp.float32) for k, v in env.example_metrics(examples).items()})
         return params, opt_state, metrics, traj
 
@@ -155,7 +180,7 @@ def global_stage(config: ExperimentConfig, global_step: int) -> tuple[int, int]:
 
 def progress_keys(comp: Components) -> tuple[str, ...]:
     """The figures the progress bar shows: reward, the env's table metrics, format rate, games/s."""
-    metrics = [f"{m}_rate" for _, m in comp.env.results_columns if m != "format"]
+    metrics = [log_name(m, metric_kind(comp.env.metric_kinds, m)) for _, m in comp.env.results_columns if m != "format"]
     return ("reward_mean", *metrics, "format_rate", "games_per_s")
 
 
@@ -225,7 +250,11 @@ def _train_grpo_locked(config: ExperimentConfig, comp: Components | None, stop_a
             params, opt_state, step = state["params"], state["opt_state"], int(state["step"])
             if global_stage(config, step)[0] != stage_of_ckpt:
                 opt_state = None  # the checkpoint closed its stage: the next stage starts a fresh optimizer
-            log(f"resumed from {ckpt.directory} at step {step}/{total}")
+            if step >= total:  # the config now asks for fewer steps than the run has made
+                log(f"resumed from {ckpt.directory} at step {step}: the run is already past its end (the stages now "
+                    f"total {total} steps); nothing to train. Raise grpo.N.steps to train on")
+            else:
+                log(f"resumed from {ckpt.directory} at step {step}/{total}")
         else:
             params = initial_policy(comp)
         mesh = make_mesh(config)
@@ -246,7 +275,7 @@ def _train_grpo_locked(config: ExperimentConfig, comp: Components | None, stop_a
             MetricsWriter(out / "eval_metrics.jsonl", resume_step=step).close()
         keys = progress_keys(comp)
         progress = Progress(total, "grpo", keys=keys)
-        progress.update(advance=step)
+        progress.update(advance=min(step, total))  # a run past its (lowered) end shows total/total, not 250 %
         stop = total if stop_after is None else min(total, stop_after)
         while step < stop:
             stage, done_in_stage = global_stage(config, step)
@@ -256,7 +285,6 @@ def _train_grpo_locked(config: ExperimentConfig, comp: Components | None, stop_a
                 opt_state = optimizer.init(params)
             opt_state = placed_like_outputs(opt_state, mesh)  # else the stage's second step compiles again
             ref = ref_params if s.loss.beta > 0 else None
-            schedule = learning_rate_schedule(s.optim_config())
             stage_end = step - done_in_stage + s.steps
             while step < min(stage_end, stop):
                 t0 = time.perf_counter()
@@ -265,10 +293,9 @@ def _train_grpo_locked(config: ExperimentConfig, comp: Components | None, stop_a
                 metrics = jax.device_get(metrics)
                 kill_point("grpo_step", step + 1)
                 dt = time.perf_counter() - t0
-                local = step - (stage_end - s.steps)
-                record = {k: float(v) for k, v in metrics.items()}
+                record = {k: float(v) for k, v in metrics.items()}  # learning_rate: the mean rate applied
                 record.update(
-                    stage=stage, learning_rate=float(schedule(local)), step_time=dt,
+                    stage=stage, step_time=dt,
                     games_per_s=s.batch_size / dt, tokens_per_s=record["total_tokens"] / dt,
                     sampled_tokens_per_s=record["sampled_tokens"] / dt, temperature=s.sampling.temperature,
                 )

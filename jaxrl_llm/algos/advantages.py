@@ -123,3 +123,20 @@ def step_metrics(config: GrpoConfig, rewards: jax.Array, turn_rewards: jax.Array
     return {"step_shared_frac": (jnp.sum(on & (count > 1)) / played).astype(jnp.float32),
             "step_advantage_nonzero_frac": (jnp.sum(on.reshape(batch, turns) & (step != 0)) / played
                                             ).astype(jnp.float32)}
+
+
+def advantage_inputs(config: GrpoConfig, traj) -> dict[str, jax.Array]:
+    """The `advantages` keyword of `grpo_update_step` for a `rollout.Trajectory`: {} with advantage "episode"
+    (the update's own group advantages, today's path), else {"advantages": float32[B, L]} (`token_advantages`)."""
+    if config.advantage == "episode":
+        return {}
+    return {"advantages": token_advantages(config, traj.reward, traj.turn_rewards, traj.turn_keys,
+                                           traj.reply_kind >= 0, traj.token_turn, config.group_size)}
+
+
+def advantage_metrics(config: GrpoConfig, traj) -> dict[str, jax.Array]:
+    """`step_metrics` of a `rollout.Trajectory` with advantage "step" or "mix"; {} with "episode"."""
+    if config.advantage == "episode":
+        return {}
+    return step_metrics(config, traj.reward, traj.turn_rewards, traj.turn_keys, traj.reply_kind >= 0,
+                        config.group_size)

@@ -39,6 +39,9 @@ What an environment provides (shapes are per game; vmap over a leading batch axi
               `tokenizer_corpus(params) -> [str]` (host): text to train a project tokenizer on;
               `legal_choices(state, params) -> bool[C] | None`: for a "cell" grammar (C = num_cells) the
               choices legal now (default None: the env cannot say); `num_legal_choices` counts them.
+              Per-turn credit (GRPO's "step" / "mix" advantages): `turn_reward(prev_state, state,
+              params) -> f32[]` a turn's own reward (default 0) and `state_key(state, params) ->
+              uint32[]` the key of the state a turn is played from (default a hash of every leaf).
 
 `Episode` is what the rollout knows about a game that the env does not (format score, replies, cuts).
 """

@@ -30,7 +30,10 @@ What an environment provides (shapes are per game; vmap over a leading batch axi
               other than the generic "format", "reward", "games", "turns"); `example_metrics(examples)`
               for batch figures of the examples (e.g. a mean difficulty).
               `results_columns`: (header, metric) pairs of the results table; `outcome_metrics`: the
-              0/1 metrics that name a game's outcome (for readable game records).
+              0/1 metrics that name a game's outcome (for readable game records). `metric_kinds`:
+              {name: "mean"} for a metric that is a mean (e.g. guesses per game), not a 0/1 rate: tables,
+              logs (`<name>_mean`, not `<name>_rate`) and `demo` show it as a number. `envs.check_env`
+              checks that every other metric is in [0, 1].
   optional    `Teacher` + `demonstrations(teacher, key, params, max_turns) -> rows`, `has_check_rows` /
               `check_rows(teacher, params)`: SFT data as prompt/completion rows and an exactness check;
               `human: HumanPlay | None` for `jaxrl-llm play`; `random_reply(key, state, params) ->
@@ -72,6 +75,10 @@ __all__ = [
     "register",
     "registered",
     "env_class",
+    "class_path",
+    "entry_point_envs",
+    "EnvNotFoundError",
+    "ENTRY_POINT_GROUP",
     "weighted_reward",
 ]
 
@@ -183,6 +190,7 @@ class MessageSpec:
 
 
 CONTENT_KINDS = ("cell", "integer", "text")
+METRIC_KINDS = ("rate", "mean")  # `Env.metric_kinds`: a 0/1 rate shown in %, or a mean shown as a number
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,6 +205,8 @@ class ReplyGrammar:
              "text"    any content is valid (value 0).
     format_tags: the reply follows the format iff `re.search` finds `<t1>.*?</t1>.*?<t2>.*?</t2>...`
         (DOTALL) for these tags in order; default (tag,).
+    value_range: for "integer", the (low, high) values an answer can sensibly take, both included: a random
+        player (`random_reply`, `jaxrl-llm demo`) draws there (None: any value of max_digits digits).
     example_replies: replies in the asked-for format, used to check that the generation prompt ends at a
         tokenization boundary (default: built from the tags).
     """
@@ -207,6 +217,7 @@ class ReplyGrammar:
     max_digits: int = 9
     format_tags: tuple[str, ...] | None = None
     example_replies: tuple[str, ...] | None = None
+    value_range: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         for t in (self.tag, *(self.format_tags or ())):
@@ -216,6 +227,13 @@ class ReplyGrammar:
             raise ValueError(f"ReplyGrammar.content must be one of {CONTENT_KINDS}, got {self.content!r}")
         if self.content == "cell" and not 1 <= self.num_cells <= 10**6:
             raise ValueError(f"ReplyGrammar.num_cells must be in 1..10**6, got {self.num_cells}")
+        if self.value_range is not None:
+            low, high = self.value_range
+            bound = 10 ** self.max_digits - 1
+            if self.content != "integer" or not -bound <= low <= high <= bound:
+                raise ValueError(f"ReplyGrammar.value_range {self.value_range} needs content 'integer' and "
+                                 f"-{bound} <= low <= high <= {bound} (max_digits {self.max_digits})")
+            object.__setattr__(self, "value_range", (int(low), int(high)))
         if self.content == "integer" and not 1 <= self.max_digits <= 9:
             raise ValueError(f"ReplyGrammar.max_digits must be in 1..9 (int32 values), got {self.max_digits}")
         object.__setattr__(self, "format_tags", tuple(self.format_tags) if self.format_tags else (self.tag,))
@@ -327,6 +345,7 @@ class Env:
     results_columns: ClassVar[tuple[tuple[str, str], ...]] = ()
     outcome_metrics: ClassVar[tuple[str, ...]] = ()
     human: ClassVar[HumanPlay | None] = None
+    metric_kinds: ClassVar[dict[str, str]] = {}  # metric name -> "rate" (the default: 0/1, shown in %) or "mean"
 
     def __post_init__(self) -> None:
         if self.params is None:
@@ -433,14 +452,16 @@ class Env:
     # ---- optional: a random player ----
     def random_reply(self, key: jax.Array, state: Any, params: Any) -> ParsedReply:
         """A random well-formed reply for one game (for `envs.random_play`): a uniform value of the reply
-        grammar (a cell in [0, num_cells), an integer of at most max_digits digits either sign, or 0 for
+        grammar (a cell in [0, num_cells), an integer in the grammar's value_range (default: of at most
+        max_digits digits either sign), or 0 for
         text). Games override it with a uniformly random legal move."""
         grammar = self.reply_grammar(params)
         if grammar.content == "cell":
             value = jax.random.randint(key, (), 0, grammar.num_cells)
         elif grammar.content == "integer":
             bound = 10 ** grammar.max_digits
-            value = jax.random.randint(key, (), -bound + 1, bound)
+            low, high = grammar.value_range or (-bound + 1, bound - 1)
+            value = jax.random.randint(key, (), low, high + 1)
         else:
             value = jnp.int32(0)
         return ParsedReply.of(value)
@@ -485,21 +506,104 @@ def register(name: str, env: type[Env] | str, overwrite: bool = False) -> None:
     _REGISTRY[name] = env
 
 
+ENTRY_POINT_GROUP = "jaxrl_llm.envs"  # installed packages register envs here: `name = "module:Class"`
+_ENTRY_POINTS_LOADED = False
+
+
+class EnvNotFoundError(KeyError):
+    """An env name that is neither registered, nor an installed entry point, nor an importable class path
+    (a KeyError whose text is the plain message)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+def _load_entry_points() -> None:
+    """Registers every installed package's envs of the entry-point group `jaxrl_llm.envs` (once; a name
+    already registered keeps its entry, and the class is imported on first use)."""
+    global _ENTRY_POINTS_LOADED
+    if _ENTRY_POINTS_LOADED:
+        return
+    _ENTRY_POINTS_LOADED = True
+    from importlib.metadata import entry_points
+
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        _REGISTRY.setdefault(point.name, point.value)
+
+
+def entry_point_envs() -> dict[str, str]:
+    """{name: "module:Class"} of the installed packages' envs (the entry-point group `jaxrl_llm.envs`)."""
+    from importlib.metadata import entry_points
+
+    return {point.name: point.value for point in entry_points(group=ENTRY_POINT_GROUP)}
+
+
 def registered() -> list[str]:
-    """The registered env names, sorted."""
+    """The registered env names (built-ins, `register` calls and installed entry points), sorted."""
+    _load_entry_points()
     return sorted(_REGISTRY)
 
 
+def class_path(cls: type) -> str:
+    """"module:QualName" of a class: the form `env_class` imports (checkpoints record it)."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _import_class(path: str, name: str) -> type[Env]:
+    """The Env subclass at "package.module:ClassName". A module not found on sys.path is looked for in the
+    current folder too (as `python -m` would), so a user's env folder works from the plain command line.
+    EnvNotFoundError names the module or attribute that failed."""
+    import os
+    import sys
+
+    module, _, attr = path.partition(":")
+    if not module or not attr:
+        raise EnvNotFoundError(f"env {name!r}: a class path must be 'package.module:ClassName', got {path!r}")
+    try:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            here = os.getcwd()
+            top = module.split(".")[0]
+            if e.name not in (top, module) and not module.startswith(f"{e.name}."):
+                raise
+            if here in sys.path or not (os.path.isdir(os.path.join(here, top))
+                                        or os.path.isfile(os.path.join(here, top + ".py"))):
+                raise
+            sys.path.append(here)
+            mod = importlib.import_module(module)
+    except ImportError as e:
+        raise EnvNotFoundError(f"env {name!r}: cannot import module {module!r} ({type(e).__name__}: {e}); is its "
+                               "package installed, or its folder the current one or on PYTHONPATH?") from e
+    obj = mod
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise EnvNotFoundError(f"env {name!r}: module {module!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not (isinstance(obj, type) and issubclass(obj, Env)):
+        raise EnvNotFoundError(f"env {name!r}: {path} is {obj!r}, not a subclass of envs.Env")
+    return obj
+
+
 def env_class(name: str) -> type[Env]:
-    """The Env subclass registered as `name`; KeyError with the closest names otherwise."""
+    """The Env subclass registered as `name` (or installed through the entry-point group `jaxrl_llm.envs`),
+    or at the class path `name` = "package.module:ClassName"; EnvNotFoundError (a KeyError) with the
+    closest names and both ways to bring an env of your own otherwise."""
     if name not in _REGISTRY:
+        _load_entry_points()
+    if name not in _REGISTRY:
+        if isinstance(name, str) and ":" in name:
+            return _import_class(name, name)
         close = difflib.get_close_matches(str(name), list(_REGISTRY), n=1, cutoff=0.5)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise KeyError(f"unknown env {name!r}{hint} (registered: {', '.join(registered())})")
+        raise EnvNotFoundError(
+            f"unknown env {name!r}{hint} (registered: {', '.join(registered())}). An env of your own: name its "
+            f"class as 'package.module:ClassName', or install a package that declares it in the entry-point group "
+            f"{ENTRY_POINT_GROUP!r} (pyproject.toml: [project.entry-points.\"{ENTRY_POINT_GROUP}\"] "
+            f"my_env = \"package.module:ClassName\")")
     entry = _REGISTRY[name]
     if isinstance(entry, str):
-        module, _, attr = entry.partition(":")
-        entry = getattr(importlib.import_module(module), attr)
+        entry = _import_class(entry, name)
         _REGISTRY[name] = entry
     return entry
 

@@ -202,6 +202,30 @@ def _jsonable(x: Any) -> Any:
     return json.loads(json.dumps(x))
 
 
+def env_record(config: Any) -> dict[str, Any]:
+    """The env a model is trained on, as JSON: {"name" (as the config gives it: a registered name, an entry
+    point or a class path), "class" ("module:Class", so the env is found again by any of its names), "params"}.
+    Checkpoints and exports carry it."""
+    from jaxrl_llm.config import config_to_dict
+
+    record = {"name": config.env.name}
+    try:
+        from envs.core import class_path
+
+        record["class"] = class_path(config.env.env_class())
+    except Exception:  # noqa: BLE001 - a record without the class is still a record
+        pass
+    record["params"] = config_to_dict(config.env.params) if config.env.params is not None else {}
+    return record
+
+
+def same_env(saved: dict[str, Any], mine: dict[str, Any]) -> bool:
+    """Whether two env records name the same env: the same name, or (both recorded) the same class."""
+    if saved.get("name") == mine.get("name"):
+        return True
+    return bool(saved.get("class")) and saved.get("class") == mine.get("class")
+
+
 def _config_meta(config: Any) -> dict[str, Any]:
     """What `meta` stores of a config: the dict, the TOML text and the resolved architecture."""
     from jaxrl_llm.config import ExperimentConfig, config_to_dict, dump_config
@@ -210,8 +234,7 @@ def _config_meta(config: Any) -> dict[str, Any]:
         return {}
     if isinstance(config, ExperimentConfig):
         out: dict[str, Any] = {"config": config_to_dict(config), "config_toml": dump_config(config),
-                               "env": {"name": config.env.name, "params": config_to_dict(config.env.params)
-                                       if config.env.params is not None else {}}}
+                               "env": env_record(config)}
         record = tokenizer_record(config.tokenizer.path)
         if record is not None:
             out["tokenizer"] = record
@@ -497,7 +520,7 @@ class Checkpointer:
         mine = _config_meta(expected)
         if "env" in meta and "env" in mine:
             have_env, want_env = meta["env"], mine["env"]
-            if have_env.get("name") != want_env.get("name"):
+            if not same_env(have_env, want_env):
                 raise CheckpointMismatchError(
                     f"checkpoint {str(self.directory)!r} step {meta.get('step')} was trained on env "
                     f"{have_env.get('name')!r} but the config uses env {want_env.get('name')!r}: use the preset it "

@@ -470,7 +470,7 @@ def _env_class(name: str):
     try:
         return envs.env_class(name)
     except KeyError as e:
-        raise ConfigError(str(e).strip("'\""), ("env", "name")) from None
+        raise ConfigError(str(e.args[0]) if e.args else str(e), ("env", "name")) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -713,6 +713,20 @@ class ExperimentConfig(_Section):
         if self.sft.check_every and not env_cls().has_check_rows(self.sft.teacher):
             raise ConfigError(f"env {self.env.name!r} has no exactness check for this teacher "
                               f"({self.sft.teacher!r})", ("sft", "check_every"))
+        self._check_curricula()
+
+    def _check_curricula(self) -> None:
+        """Each stage's curriculum against the env's params (e.g. a search depth above max_depth): the env's
+        own check, run by tracing `sample_examples` once, re-raised with the key path (grpo.N.curriculum.KEY)."""
+        import jax
+
+        env = self.make_env()
+        for i, s in enumerate(self.grpo):
+            try:
+                jax.eval_shape(lambda st=s.curriculum: env.sample_examples(jax.random.PRNGKey(0), 1, 1, st))
+            except ConfigError as e:
+                where = ("env", "params") if e.owner == "Params" else ("grpo", i, "curriculum")
+                raise ConfigError(e.reason, (*where, *e.path)) from None
 
     def _resolve_env_types(self, env_cls) -> None:
         """Env-bound fields left at None (a config built in Python) get the env's defaults; instances of the

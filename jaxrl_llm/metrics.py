@@ -35,7 +35,33 @@ __all__ = [
     "plot_metrics",
     "format_results_table",
     "PLOT_KEYS",
+    "METRIC_KINDS",
+    "metric_kind",
+    "log_name",
+    "format_metric",
 ]
+
+# What an env's metric is (`Env.metric_kinds`): a 0/1 "rate" (the default; shown in %, logged as
+# `<name>_rate`) or a "mean" of any number per game (e.g. guesses per game; shown as a number, logged as
+# `<name>_mean`).
+METRIC_KINDS = ("rate", "mean")
+
+
+def metric_kind(kinds: Mapping[str, str] | None, name: str) -> str:
+    """The kind of metric `name` under `kinds` (an env's `metric_kinds`): "rate" unless declared."""
+    return (kinds or {}).get(name, "rate")
+
+
+def log_name(name: str, kind: str = "rate") -> str:
+    """The key of an env metric in the training logs: `<name>_rate` for a rate, `<name>_mean` for a mean."""
+    return f"{name}_mean" if kind == "mean" else f"{name}_rate"
+
+
+def format_metric(value: float, kind: str = "rate") -> str:
+    """A rate in % to 0.1 ("61.4%"), a mean as a number to 3 significant digits ("4.25")."""
+    if kind == "mean":
+        return f"{float(value):.3g}"
+    return f"{100 * float(value):.1f}%"
 
 # Preferred order of the plotted metrics when no keys are given (those present in the logs are drawn first,
 # then any other number; the env's own `<metric>_rate` figures sort among the others).
@@ -359,7 +385,7 @@ def _percent(value: float) -> str:
 
 
 def format_results_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[tuple[str, str]],
-                         title: str = "model", fractions: bool = True) -> str:
+                         title: str = "model", fractions: bool = True, kinds: Mapping[str, str] | None = None) -> str:
     """A results table (Markdown), one row per mapping, one column per (header, key) of `columns`:
 
         | model | W | D | L | format | invalid |
@@ -369,17 +395,19 @@ def format_results_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[tu
     Each row has "model" and the rates named in `columns` (a key may also end in "_rate" in the row:
     "win_rate"); a missing or NaN value shows "-". fractions: the rates are in [0, 1] (False: already
     in %). Shown to 0.1 %, ".0" dropped. `title` heads the first column (e.g. "vs random opponent").
+    kinds: the env's `metric_kinds`; a "mean" column shows its number (to 3 significant digits), not a %.
     """
     columns = tuple(columns)
     lines = [f"| {title} | " + " | ".join(name for name, _ in columns) + " |", "|" + "---|" * (len(columns) + 1)]
     for row in rows:
         cells = [str(row.get("model", row.get("name", "")))]
         for _, key in columns:
-            value = row.get(key, row.get(f"{key}_rate"))
+            kind = metric_kind(kinds, key)
+            value = row.get(key, row.get(log_name(key, kind)))
             value = None if value is None else float(to_jsonable(value))
             if value is None or math.isnan(value):
                 cells.append("-")
                 continue
-            cells.append(_percent(100.0 * value if fractions else value))
+            cells.append(f"{value:.3g}" if kind == "mean" else _percent(100.0 * value if fractions else value))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -87,6 +87,13 @@ class LoraConfig:
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise ConfigError(f"unknown target {name!r}{hint} (targets: {', '.join(names)})", ("targets", i),
                                   "LoraConfig")
+        if self.rank == 0:  # LoRA off: settings of the adapters would be silently ignored
+            default = LoraConfig.__dataclass_fields__
+            changed = [k for k in ("targets", "dropout") if getattr(self, k) != default[k].default]
+            if changed:
+                raise ConfigError(f"lora.{changed[0]} is set but lora.rank is 0, which trains the full model without "
+                                  f"adapters: set lora.rank >= 1 (e.g. 8) to train LoRA adapters, or remove "
+                                  f"lora.{changed[0]}", ("rank",), "LoraConfig")
 
     @property
     def enabled(self) -> bool:
@@ -128,6 +135,17 @@ def adapter_paths(config: LoraConfig, base: Any) -> list[tuple[str, ...]]:
     if not paths:
         raise ValueError(f"lora.targets {list(config.targets)} match no layer of this model")
     return paths
+
+
+def check_rank(config: LoraConfig, base: Any) -> None:
+    """ValueError when `config.rank` is above the smaller side of a targeted projection (its input or output
+    width): such an adapter is no low-rank update and costs more than the weight. base: the Lfm2 params
+    (arrays or ShapeDtypeStructs)."""
+    for path in adapter_paths(config, base):
+        d_in, d_out = _get(base, path)["kernel"].shape
+        if config.rank > min(d_in, d_out):
+            raise ValueError(f"lora.rank {config.rank} is above the width of {'/'.join(path)} ({d_in} x {d_out}): "
+                             f"use a rank <= {min(d_in, d_out)} (typically 4-64)")
 
 
 def _get(tree: Any, path: tuple[str, ...]) -> Any:

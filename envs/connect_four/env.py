@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from envs.connect_four import game, text
+from envs.connect_four.play import HUMAN
 from envs.connect_four.teacher import Teacher
 from envs import board_game
 from envs.board_game import BoardGameEnv
@@ -116,7 +117,7 @@ class ConnectFour(BoardGameEnv):
     game = game
     text = text
     grammar = _GRAMMAR
-    human = None
+    human = HUMAN  # `jaxrl-llm play`: a person plays O (envs/connect_four/play.py)
 
     # ---- data ----
     def sample_examples(self, key, num_prompts, group_size, stage: Stage) -> Example:

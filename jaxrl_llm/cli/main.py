@@ -1,8 +1,10 @@
-"""The `jaxrl-llm` command line: experiment, sft, train, eval, play, export, plot, envs (and demo).
+"""The `jaxrl-llm` command line: experiment, sft, train, eval, play, export, plot, envs, check-env (and demo).
 
 Each training command takes a TOML preset from `experiments/presets/` and `--set key=value` overrides,
 validated before anything compiles; the env is the preset's `[env] name`. `jaxrl-llm envs` lists the
-registered environments. `jaxrl-llm demo ENV` plays a batch of an env's games on the accelerator with the
+registered environments (built-ins and installed packages' entry points, group `jaxrl_llm.envs`); an env of
+your own is `[env] name = "package.module:ClassName"`; `jaxrl-llm check-env NAME` runs `envs.check_env` on
+it. `jaxrl-llm demo ENV` plays a batch of an env's games on the accelerator with the
 pure environment (its random player against each evaluation opponent) and prints the metrics and games/s.
 """
 
@@ -37,6 +39,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     import envs
     from envs.random_play import play_random, random_games
     from jaxrl_llm.config import ConfigError, parse_override
+    from jaxrl_llm.metrics import format_metric, metric_kind
 
     try:
         params = {".".join(key): value for key, value in map(parse_override, args.set or ())}
@@ -55,7 +58,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         elapsed = time.perf_counter() - start
         rates = play_random(env, key, args.games, setting.stage, args.max_turns)
         rows.append({"setting": setting.name, **rates, "games_per_s": args.games / elapsed})
-        shown = "  ".join(f"{k} {100 * v:.1f}%" if k != "turns" else f"turns {v:.2f}" for k, v in rates.items())
+        shown = "  ".join(f"{k} {format_metric(v, 'mean' if k == 'turns' else metric_kind(env.metric_kinds, k))}"
+                          for k, v in rates.items())
         print(f"{setting.name:>10} | {shown} | {args.games / elapsed:,.0f} games/s")
     print(json.dumps({"demo": rows}))
     return 0
@@ -85,7 +89,13 @@ def cmd_train(args) -> int:
         import jax
 
         jax.distributed.initialize()  # multi-host: coordinator and process ids from the cluster's environment
-    result = train_grpo(_load(args), stop_after=args.stop_after)
+    from jaxrl_llm.train import fresh_start_warning
+
+    config = _load(args)
+    warning = fresh_start_warning(config)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    result = train_grpo(config, stop_after=args.stop_after)
     print(f"GRPO done at step {result['step']}; metrics in {result['metrics_path']}")
     return 0
 
@@ -104,16 +114,19 @@ def print_plan(config) -> int:
 
 def cmd_eval(args) -> int:
     from jaxrl_llm.metrics import format_results_table
-    from jaxrl_llm.train import build, evaluate, exactness_check, policy_params
+    from jaxrl_llm.train import build, evaluate, exactness_check, policy_source
 
     config = _load(args)
     comp = build(config)
-    params = policy_params(config, comp, args.checkpoint)
+    params, step, source = policy_source(config, comp, args.checkpoint)
     out = Path(args.games or Path(config.run.output_dir) / "eval_games.jsonl")
     results = evaluate(comp, params, games_path=out)
     rows = [{"model": f"vs {name}", **r} for name, r in results.items()]
-    print(format_results_table(rows, comp.env.results_columns))
+    print(format_results_table(rows, comp.env.results_columns, kinds=comp.env.metric_kinds))
     print(f"games written to {out}")
+    logged = log_eval(config, results, step, source)
+    print(f"metrics appended to {logged}" + (f" and to run.log's {', '.join(n for n in config.run.log if n != 'jsonl')}"
+                                              if set(config.run.log) - {"jsonl"} else ""))
     summary = {"eval": results}
     check = exactness_check(comp, params)
     if check is not None:
@@ -122,6 +135,24 @@ def cmd_eval(args) -> int:
         summary["check_exact"] = check["exact"]
     print(json.dumps(summary))
     return 0
+
+
+def log_eval(config, results: dict, step: int | None, source: str | None) -> Path:
+    """Appends one row of `jaxrl-llm eval`'s results to <run.output_dir>/eval_metrics.jsonl (keys as the
+    training's evaluations write them, `<setting>_<metric>`, with "command": "eval" and the checkpoint) and to
+    the run.log sinks (TensorBoard, W&B; group "eval") at the checkpoint's step (0 when it has none)."""
+    from jaxrl_llm.log_sinks import close_sinks, open_sinks
+    from jaxrl_llm.metrics import MetricsWriter
+
+    out = Path(config.run.output_dir)
+    sinks = open_sinks(config.run.log, out)
+    try:  # resume_step "infinity": every line already there is kept, the new one appended
+        with MetricsWriter(out / "eval_metrics.jsonl", resume_step=sys.maxsize, sinks=sinks, group="eval") as w:
+            w.write(step or 0, {f"{name}_{k}": v for name, r in results.items() for k, v in r.items()},
+                    command="eval", checkpoint=source)
+    finally:
+        close_sinks(sinks)
+    return out / "eval_metrics.jsonl"
 
 
 SFT_CURVES = ("loss", "accuracy", "check_exact", "learning_rate")
@@ -134,7 +165,9 @@ def grpo_curve_keys(comp, present) -> list[str]:
     import jax
 
     env = comp.env
-    env_keys = [f"{m}_rate" for _, m in env.results_columns if m != "format"]
+    from jaxrl_llm.metrics import log_name, metric_kind
+
+    env_keys = [log_name(m, metric_kind(env.metric_kinds, m)) for _, m in env.results_columns if m != "format"]
     example_keys: list[str] = []
     if comp.config.grpo:
         stage = comp.config.grpo[0].curriculum
@@ -159,7 +192,7 @@ def cmd_experiment(args) -> int:
 def _experiment(config) -> int:
     import jax
 
-    from jaxrl_llm.metrics import format_results_table, plot_metrics, read_metrics
+    from jaxrl_llm.metrics import format_metric, format_results_table, metric_kind, plot_metrics, read_metrics
     from jaxrl_llm.train import (build, evaluate, exactness_check, fresh_params, init_key, run_sft,
                                  time_stage_rollout, train_grpo)
 
@@ -192,7 +225,8 @@ def _experiment(config) -> int:
         results[name] = evaluate(comp, params, games_path=out / f"eval_{name.replace(' ', '_')}.jsonl")
         for setting, r in results[name].items():
             rows.append({"model": f"{name} vs {setting}", **r})
-            figures = ", ".join(f"{header} {100 * r[key]:.1f}" for header, key in comp.env.results_columns)
+            figures = ", ".join(f"{header} {format_metric(r[key], metric_kind(comp.env.metric_kinds, key))}"
+                                for header, key in comp.env.results_columns if key in r)
             print(f"eval {name} vs {setting}: {figures} ({r['games']} games)", flush=True)
         print(f"eval {name}: {time.perf_counter() - e:.0f} s", flush=True)
     times["eval_s"] = time.perf_counter() - t
@@ -204,7 +238,7 @@ def _experiment(config) -> int:
             print(f"{name}: {100 * checks[name]:.2f} % of the teacher's check conversations reproduced exactly "
                   "(teacher-forced, greedy)", flush=True)
     times["total_s"] = time.perf_counter() - start
-    table = format_results_table(rows, comp.env.results_columns)
+    table = format_results_table(rows, comp.env.results_columns, kinds=comp.env.metric_kinds)
     (out / "results.md").write_text(table + "\n")
     print(table)
     for name in ("sft", "grpo"):
@@ -300,16 +334,48 @@ def cmd_export(args) -> int:
 
 
 def cmd_envs(args) -> int:
-    """The registered environments with their evaluation settings and results columns."""
+    """The registered environments (built-ins and installed packages' entry points) with their evaluation
+    settings and results columns; an entry point that fails to import is listed with its error."""
     import envs
 
+    installed = envs.entry_point_envs()
     for name in envs.registered():
-        cls = envs.env_class(name)
-        env = cls()
-        settings = ", ".join(s.name for s in env.eval_settings())
+        origin = f" (installed: {installed[name]})" if name in installed else ""
+        try:
+            cls = envs.env_class(name)
+            env = cls()
+            settings = ", ".join(s.name for s in env.eval_settings())
+        except Exception as e:  # noqa: BLE001 - one broken package must not hide the others
+            print(f"{name:14s} cannot load{origin}: {e}")
+            continue
         columns = ", ".join(key for _, key in cls.results_columns)
-        print(f"{name:14s} {cls.__doc__.strip().splitlines()[0] if cls.__doc__ else ''}")
+        print(f"{name:14s} {cls.__doc__.strip().splitlines()[0] if cls.__doc__ else ''}{origin}")
         print(f"{'':14s} eval settings: {settings}; metrics: {columns}")
+    print("an env of your own: [env] name = \"package.module:ClassName\", or an installed package's entry point "
+          f"(group {envs.ENTRY_POINT_GROUP!r}); `jaxrl-llm check-env NAME` checks it")
+    return 0
+
+
+def cmd_check_env(args) -> int:
+    """`envs.check_env` on an env (a registered name, an entry point or a class path): each check passed, or
+    every failure (exit 1)."""
+    import envs
+    from jaxrl_llm.config import ConfigError, parse_override
+
+    try:
+        params = {".".join(key): value for key, value in map(parse_override, args.set or ())}
+        env = envs.make(args.env, **params)
+    except (KeyError, TypeError, ValueError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        passed = envs.check_env(env, max_turns=args.max_turns)
+    except envs.EnvCheckError as e:
+        print(f"jaxrl-llm check-env: {e}", file=sys.stderr)
+        return 1
+    for line in passed:
+        print(f"ok: {line}")
+    print(f"env {args.env!r} ({type(env).__module__}:{type(env).__qualname__}) passes every check")
     return 0
 
 
@@ -360,6 +426,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write into a non-empty folder, replacing only the files an export writes")
     envs_cmd = sub.add_parser("envs", help="list the registered environments")
     envs_cmd.set_defaults(func=cmd_envs)
+    check = sub.add_parser("check-env", help="check an env against the protocol (envs.check_env), for env authors")
+    check.add_argument("env", help="a registered name, an installed entry point or a class path package.module:Class")
+    check.add_argument("--max-turns", type=_positive_int, default=16, help="replies per checked game at most")
+    check.add_argument("--set", action="append", metavar="KEY=VALUE", help="an env param, e.g. prompt=tiny")
+    check.set_defaults(func=cmd_check_env)
     plot = sub.add_parser("plot", help="draw training curves from metrics JSONL files to a PNG")
     plot.add_argument("metrics", nargs="+", help="metrics.jsonl files or run folders")
     plot.add_argument("--out", default="curves.png")

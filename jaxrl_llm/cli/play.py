@@ -55,8 +55,12 @@ def play_terminal(config, checkpoint: str | None = None, input_fn: Callable[[str
     comp = build(config)
     env, human = comp.env, comp.env.human
     if human is None:
-        raise ValueError(f"env {env.name!r} has no human player (envs.core.HumanPlay hooks), so `jaxrl-llm play` "
-                         "cannot run it; evaluate it with `jaxrl-llm eval` instead")
+        from jaxrl_llm.checks import ConfigError
+
+        raise ConfigError(f"env {env.name!r} has no human player (its `human` is None: no envs.HumanPlay hooks), so "
+                          "`jaxrl-llm play` cannot run it; evaluate it with `jaxrl-llm eval` instead, or give the env "
+                          "HumanPlay hooks (envs/tictactoe/env.py and envs/connect_four/play.py show how)",
+                          ("env", "name"))
     params = policy_params(config, comp, checkpoint)
     tok, tables = comp.tokenizer, comp.tables
     scfg = comp.sampling_config(SamplingConfig(greedy=True, max_new_tokens=config.eval.sampling.max_new_tokens))

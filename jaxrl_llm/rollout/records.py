@@ -51,8 +51,20 @@ def outcome_label(env: Env, metrics: dict[str, float]) -> str:
     return next((name for name in env.outcome_metrics if metrics.get(name, 0.0) >= 0.5), "")
 
 
+def unsent_message(env: Env, trajectory: Trajectory, index: int) -> str | None:
+    """The env's message for game `index`'s final state when the transcript ends before it: the rollout stopped
+    the game (its turn limit or the context) after the model's last reply, so the env's answer to that reply
+    (the opponent's last move, "Higher.") was never sent. None when the game ended in the env (host)."""
+    if not bool(np.asarray(trajectory.truncated)[index]):
+        return None
+    state = jax.tree_util.tree_map(lambda x: np.asarray(x)[index], trajectory.final_state)
+    return env.render_message(state, env.params)
+
+
 def game_record(env: Env, tokenizer, trajectory: Trajectory, index: int) -> dict[str, Any]:
-    """One game as a JSON-ready dict: its example, outcome, reward and parts, metrics, per-turn facts, text."""
+    """One game as a JSON-ready dict: its example, outcome, reward and parts, metrics, per-turn facts, text
+    (`conversation`: what the model saw; `unsent_message`: the env's last message when the rollout stopped the
+    game before the model could see it, else None)."""
     turns = int(trajectory.turns[index])
     metrics = {k: float(np.asarray(v)[index]) for k, v in trajectory.metrics.items()}
     example = jax.tree_util.tree_map(lambda x: np.asarray(x)[index], trajectory.examples)
@@ -70,6 +82,7 @@ def game_record(env: Env, tokenizer, trajectory: Trajectory, index: int) -> dict
         "context_cut": bool(trajectory.context_cut[index]),
         "truncated": bool(trajectory.truncated[index]),
         "conversation": decode_game(tokenizer, trajectory, index),
+        "unsent_message": unsent_message(env, trajectory, index),
     }
 
 
@@ -96,6 +109,8 @@ def games_text(env: Env, tokenizer, trajectory: Trajectory, count: int) -> str:
         example = ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in
                             env.example_info(jax.tree_util.tree_map(lambda x: np.asarray(x)[i],
                                                                     trajectory.examples)).items())
+        last = "" if r["unsent_message"] is None else (f"\n[the rollout stopped the game here; the env's last "
+                                                         f"message, not sent to the model:]\n{r['unsent_message']}")
         blocks.append(f"=== game {i}: {r['outcome'] or 'over'}, reward {r['reward']:.3f}, {example}\n"
-                      + r["conversation"])
+                      + r["conversation"] + last)
     return "\n\n".join(blocks) + "\n"

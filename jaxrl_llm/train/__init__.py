@@ -9,6 +9,7 @@ jitted program: the env's examples -> rollout -> group advantages -> optimizer p
 from jaxrl_llm.train.components import (  # noqa: F401
     ENV_FILE, Components, base_params, build, env_record, fresh_params, fresh_trainable, init_key, initial_policy,
     make_mesh, merged_params, policy_params, policy_view, sft_dir, shard_params, trainable_target,
+    fresh_start_warning, policy_source,
 )
 from jaxrl_llm.train.evaluate import evaluate, exactness_check, summarize  # noqa: F401
 from jaxrl_llm.train.grpo_loop import (  # noqa: F401

@@ -16,7 +16,8 @@ import numpy as np
 
 from jaxrl_llm import text
 from jaxrl_llm.checkpoint import (CheckpointDamagedError, CheckpointMismatchError, CheckpointNotFoundError, Checkpointer,
-                                  tokenizer_mismatch, tokenizer_record)
+                                  same_env, tokenizer_mismatch, tokenizer_record)
+from jaxrl_llm.checkpoint import env_record as checkpoint_env_record
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.config import ExperimentConfig
 from jaxrl_llm.generate import sampler as sampling
@@ -100,6 +101,10 @@ def build(config: ExperimentConfig) -> Components:
             lora_lib.adapter_paths(config.lora, shapes)
         except ValueError as e:
             raise ConfigError(str(e), ("lora", "targets")) from None
+        try:
+            lora_lib.check_rank(config.lora, shapes)
+        except ValueError as e:
+            raise ConfigError(str(e), ("lora", "rank")) from None
         module = lora_lib.LoraLfm2(module, config.lora)
     return Components(config, env, tokenizer, tables, lfm2, module)
 
@@ -126,6 +131,9 @@ def check_hf_folder(config: ExperimentConfig, folder: str | os.PathLike, what: s
     env_file = Path(folder) / ENV_FILE
     if env_file.is_file():
         check_env_record(json.loads(env_file.read_text()), config, what)
+    else:
+        print(f"warning: {what} records no env (no {ENV_FILE}): assuming it was trained on the config's env "
+              f"{config.env.name!r}; an export writes the record")
     clash = tokenizer_mismatch(tokenizer_record(folder), tokenizer_record(config.tokenizer.path), what)
     if clash:
         raise CheckpointMismatchError(clash)
@@ -195,9 +203,15 @@ def replicate(params, mesh):
 
 
 def make_mesh(config: ExperimentConfig):
-    """The device mesh of `config.mesh` (axes `data`, `fsdp`); None on a single device."""
+    """The device mesh of `config.mesh` (axes `data`, `fsdp`); None on a single device (with a warning when
+    mesh.data or mesh.fsdp asks for more devices than that)."""
     devices = jax.devices()
     if len(devices) == 1:
+        asked = {k: getattr(config.mesh, k) for k in ("data", "fsdp") if getattr(config.mesh, k) > 1}
+        if asked:
+            shown = ", ".join(f"mesh.{k} = {v}" for k, v in asked.items())
+            print(f"warning: {shown} asks for more devices than the 1 present ({devices[0].platform}): running on "
+                  "that single device without a mesh (data 1 x fsdp 1)")
         return None
     from jax.sharding import Mesh
 
@@ -238,10 +252,9 @@ def initial_policy(comp: Components):
 
 
 def env_record(config: ExperimentConfig) -> dict[str, Any]:
-    """The env a model is trained on, as JSON: {"name", "params"} (checkpoints and exports carry it)."""
-    from jaxrl_llm.config import config_to_dict
-
-    return {"name": config.env.name, "params": config_to_dict(config.env.params) if config.env.params else {}}
+    """The env a model is trained on, as JSON: {"name", "class" ("module:Class"), "params"} (checkpoints and
+    exports carry it; `checkpoint.env_record`)."""
+    return checkpoint_env_record(config)
 
 
 def check_env_record(saved: dict[str, Any] | None, config: ExperimentConfig, where: str) -> None:
@@ -249,7 +262,7 @@ def check_env_record(saved: dict[str, Any] | None, config: ExperimentConfig, whe
     if not saved:
         return
     mine = env_record(config)
-    if saved.get("name") != mine["name"]:
+    if not same_env(saved, mine):
         raise CheckpointMismatchError(
             f"{where} was trained on env {saved.get('name')!r} but the config uses env {mine['name']!r}: use the "
             f"preset it was trained with (or --set env.name={saved.get('name')}); to fine-tune it on another env on "
@@ -331,7 +344,15 @@ def _checkpoint_hint(folder: Path) -> str:
 
 
 def policy_params(config: ExperimentConfig, comp: Components, checkpoint: str | None):
-    """Params to evaluate / play / export: `--checkpoint DIR` (a GRPO or SFT checkpoint folder, or a Hugging
+    """`policy_source`'s params alone."""
+    return policy_source(config, comp, checkpoint)[0]
+
+
+def policy_source(config: ExperimentConfig, comp: Components, checkpoint: str | None):
+    """-> (params, step, source): the params as `policy_params` describes below, the checkpoint step they come
+    from (None for a Hugging Face folder or a fresh init) and the folder (None: a fresh init).
+
+    Params to evaluate / play / export: `--checkpoint DIR` (a GRPO or SFT checkpoint folder, or a Hugging
     Face folder with config.json + safetensors such as `jaxrl-llm export` writes; a folder that holds
     neither is an error), else the run's latest GRPO checkpoint, else its SFT checkpoint, else
     `model.init_from` (a Hugging Face folder), else a fresh init (with a warning). A damaged newest step
@@ -340,12 +361,13 @@ def policy_params(config: ExperimentConfig, comp: Components, checkpoint: str | 
     target = trainable_target(comp)
     if checkpoint:
         if (Path(checkpoint) / "config.json").is_file():
-            return _hf_params(comp, checkpoint, jax.eval_shape(lambda: fresh_params(comp, init_key(config))))
+            params = _hf_params(comp, checkpoint, jax.eval_shape(lambda: fresh_params(comp, init_key(config))))
+            return params, None, str(checkpoint)
         check_checkpoint(config, checkpoint)
         with Checkpointer(checkpoint, read_only=True) as ckpt:
             step, params = ckpt.restore_newest_good(target, expect_config=config, subtree="params")
             print(f"params from {checkpoint} (step {step})")
-            return policy_view(comp, params)
+            return policy_view(comp, params), step, str(checkpoint)
     candidates = [config.checkpoint_dir(), str(sft_dir(config))]
     for folder in candidates:
         if not Path(folder).is_dir():
@@ -354,9 +376,33 @@ def policy_params(config: ExperimentConfig, comp: Components, checkpoint: str | 
             if ckpt.latest_step() is not None:
                 step, params = ckpt.restore_newest_good(target, expect_config=config, subtree="params")
                 print(f"params from {folder} (step {step})")
-                return policy_view(comp, params)
+                return policy_view(comp, params), step, str(folder)
     if config.model.init_from is not None:
         print(f"no checkpoint in {', '.join(map(str, candidates))}: params from model.init_from = {config.model.init_from}")
+        source = str(config.model.init_from)
     else:
         print("warning: no checkpoint found: using freshly initialised params")
-    return base_params(comp) if comp.lora is not None else fresh_params(comp, init_key(config))
+        source = None
+    return (base_params(comp) if comp.lora is not None else fresh_params(comp, init_key(config))), None, source
+
+
+def fresh_start_warning(config: ExperimentConfig) -> str | None:
+    """The warning for GRPO that would start from a freshly initialised model (no GRPO checkpoint to resume,
+    no SFT checkpoint of this run, no model.init_from, replies not constrained to the grammar), else None.
+    Such a model's replies are random text: almost no game gets a well-formed move, every group's rewards are
+    equal, and GRPO has no signal."""
+    stages = [s for s in config.grpo if s.steps]
+    if config.model.init_from is not None or not stages:
+        return None
+    if all(getattr(s.sampling, "constrained", False) for s in stages):
+        return None  # every reply is well formed: the reward sees the moves from the first step
+    for folder in (config.checkpoint_dir(), str(sft_dir(config))):
+        if Path(folder).is_dir() and any(p.name.isdigit() for p in Path(folder).iterdir()):
+            return None
+    return ("warning: GRPO starts from a freshly initialised model (no SFT checkpoint in "
+            f"{sft_dir(config)}, no model.init_from). Its replies are random text, so nearly every game gets the same "
+            "reward, the groups have no spread and GRPO rarely learns anything. Start from a model that already "
+            "answers in the env's format: run `jaxrl-llm sft` first (the env's teacher, or sft.dataset = a JSONL "
+            "of prompt/completion rows, see the README), set model.init_from to a pretrained Hugging Face folder, "
+            "or constrain the replies to the env's grammar ([sampling] constrained = true) so that every reply is a "
+            "well-formed move from the first step")

@@ -762,6 +762,11 @@ def test_decision_floor_and_illegal_prob_against_a_hand_computation():
     expected = (sum(ce.values()) + 4 * sum(ce[k] for k in dec)) / len(ce)
     assert float(weighted) == pytest.approx(expected, rel=1e-5)
     assert float(m5["loss"]) == pytest.approx(float(m["loss"]), rel=1e-6)
+    # legal_targets: the decisions' ce is -mean over the legal choices of log p, the metrics unchanged.
+    soft_objective, m_soft = sft.sft_loss(*args, jnp.asarray(choices), legal_targets=True)
+    soft = {(0, 2): -np.mean(logp(0, 2)[[4, 5]]), (1, 4): -np.mean(logp(1, 4)[choices])}
+    assert float(soft_objective) == pytest.approx((sum(ce[k] for k in fmt) + sum(soft.values())) / len(ce), rel=1e-5)
+    assert float(m_soft["decision_loss"]) == pytest.approx(float(m["decision_loss"]), rel=1e-6)
     with pytest.raises(ValueError, match="decision_weight"):
         sft.SftConfig(decision_weight=0.0)
     with pytest.raises(ValueError, match="eval_rows"):

@@ -551,15 +551,19 @@ def render_position(games: ExpertGames, i: int, t: int, preset: str | text.Promp
 
 def position_rows(key: jax.Array, num_positions: int, *, teacher_random_move_prob: float = 1.0,
                   opponent_p_range: Sequence[float] = (1.0, 1.0), preset: str = "reference", max_turns: int = 8,
-                  teacher: str = "uniform", reasoning: str = "templates") -> list[dict]:
+                  teacher: str = "uniform", reasoning: str = "templates", last_turn_share: float = 0.0) -> list[dict]:
     """`num_positions` one-reply rows, one per game: a game of the teacher against the opponent is played on
-    device and ONE of its X turns, uniform among the turns it played, is kept (`render_position`). With
+    device and ONE of its X turns, uniform among the turns it played, is kept (`render_position`); for a
+    share `last_turn_share` of the rows (drawn per row) the game's LAST X turn instead, the position with the
+    fewest free cells (1 to 7 in random games: a reply nearly fixed by the board, a strong legality signal). With
     teacher_random_move_prob = 1 and the random opponent (p = 1) the position is a uniformly random reachable
     one of the random game and the reply a uniformly random legal move: legality and format, no strategy."""
     games = generate_expert_games(key, num_positions, teacher_random_move_prob=teacher_random_move_prob,
                                   opponent_p_range=opponent_p_range, max_turns=max_turns, teacher=teacher)
     picks = np.asarray(jax.random.uniform(jax.random.fold_in(key, 7), (num_positions,)))
     turns = np.minimum((picks * games.num_moves).astype(np.int64), np.maximum(games.num_moves - 1, 0))
+    last = np.asarray(jax.random.uniform(jax.random.fold_in(key, 8), (num_positions,))) < last_turn_share
+    turns = np.where(last, np.maximum(games.num_moves - 1, 0), turns)
     return [render_position(games, i, int(turns[i]), preset, reasoning) for i in range(num_positions)
             if games.num_moves[i] > 0]
 
@@ -628,7 +632,8 @@ class Teacher:
     random opponent, unfiltered: they teach the format and the legal moves and no strategy.
     layout: "games" (one row a whole game, as above) or "positions" (one row a single reply: of each of the
     `num_games` games one X turn, uniform among its turns, as system + that message + the teacher's reply;
-    `position_rows`; outcome filter and tree do not apply). Every row's info lists the legal choices of each
+    `position_rows`; outcome filter and tree do not apply); last_turn_share: the share of those rows that take
+    the game's last X turn (fewest free cells) instead. Every row's info lists the legal choices of each
     reply (`legal_choices`), for the SFT decision metrics.
     """
 
@@ -642,8 +647,12 @@ class Teacher:
     sample_kind: str | None = None
     keep_losses: bool = False
     layout: str = "games"
+    last_turn_share: float = 0.0
 
     def __post_init__(self) -> None:
+        check_probability(self, "last_turn_share")
+        if self.last_turn_share and self.layout != "positions":
+            raise ConfigError('applies to layout = "positions" only', ("last_turn_share",), "Teacher")
         check_int(self, "num_games", 1)
         check_choice(self, "layout", LAYOUTS)
         if self.layout == "positions" and self.tree_copies:
@@ -682,7 +691,8 @@ class Teacher:
         if self.layout == "positions":
             return position_rows(key, self.num_games, teacher_random_move_prob=self.explore_prob,
                                  opponent_p_range=self.opponent_p_range, preset=preset, max_turns=max_turns,
-                                 teacher=self.sample_kind or self.kind, reasoning=self.reasoning)
+                                 teacher=self.sample_kind or self.kind, reasoning=self.reasoning,
+                                 last_turn_share=self.last_turn_share)
         return expert_rows(key, self.num_games, teacher_random_move_prob=self.explore_prob,
                            opponent_p_range=self.opponent_p_range, preset=preset, max_turns=max_turns,
                            teacher=self.sample_kind or self.kind, reasoning=self.reasoning,

@@ -62,6 +62,10 @@ class SftConfig:
     check_exact); stop_when_exact: end SFT at the first exact check (`steps` is then the most it runs).
     decision_weight: the loss weight of the decision tokens (the reply grammar's content; 1: a plain mean
     over the assistant tokens; w: those tokens count w times, the mean still divides by the token count).
+    legal_targets: at a decision token whose legal choices the row gives, train toward the uniform distribution
+    over those choices (cross-entropy -mean over legal c of log p(c): the expectation of a uniformly random legal
+    reply, without its sampling noise) instead of the reply's own token; the logged losses stay those of the
+    replies' tokens. Needs rows with `info["legal_choices"]` and a "cell" grammar.
     eval_rows: at the end of SFT, the decision metrics on that many held-out rows of the teacher (drawn with
     their own key; 0: none), printed and saved to `<output_dir>/sft_eval.json`.
     """
@@ -76,9 +80,12 @@ class SftConfig:
     check_every: int = 0
     stop_when_exact: bool = False
     decision_weight: float = 1.0
+    legal_targets: bool = False
     eval_rows: int = 0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.legal_targets, bool):
+            raise ConfigError(f"must be true or false, got {self.legal_targets!r}", ("legal_targets",), "SftConfig")
         check_float(self, "decision_weight", low=0.0, low_open=True)
         check_int(self, "eval_rows", 0)
         check_int(self, "steps", 0)
@@ -312,14 +319,16 @@ def decision_means(sums: dict[str, Any]) -> dict[str, Any]:
 
 def sft_loss(logits: jax.Array, tokens: jax.Array, loss_mask: jax.Array, decision_mask: jax.Array | None = None,
              choice_legal: jax.Array | None = None, choice_tokens: jax.Array | None = None,
-             decision_weight: float = 1.0) -> tuple[jax.Array, dict[str, jax.Array]]:
+             decision_weight: float = 1.0, legal_targets: bool = False) -> tuple[jax.Array, dict[str, jax.Array]]:
     """logits f32[B, T, V], tokens int32[B, T], loss_mask f32[B, T] -> (objective f32[], {loss, accuracy, tokens}).
 
     Next-token cross-entropy: logits[:, t-1] predict tokens[:, t], counted where loss_mask[:, t] = 1 (the mask
     sits on TARGET positions); loss: the mean over the counted tokens (0 when there are none). With
     decision_mask f32[B, T] (also on target positions) the metrics add `decision_means` (choice_legal
     bool[B, T, C] and choice_tokens int32[C] for the floor and illegal_prob), and the objective weighs the
-    decision tokens by decision_weight: sum(ce * mask * (1 + (w - 1) * decision)) / count (= loss at w = 1)."""
+    decision tokens by decision_weight: sum(ce * mask * (1 + (w - 1) * decision)) / count (= loss at w = 1).
+    legal_targets: at decision tokens with legal choices the objective's ce is -mean_{c legal} log p(choice c)
+    (the uniform legal distribution as the target); the metrics keep the replies' own tokens."""
     logits = logits[:, :-1].astype(jnp.float32)
     targets = tokens[:, 1:]
     mask = loss_mask[:, 1:].astype(jnp.float32)
@@ -334,20 +343,27 @@ def sft_loss(logits: jax.Array, tokens: jax.Array, loss_mask: jax.Array, decisio
         decision = decision_mask[:, 1:].astype(jnp.float32)
         legal = None if choice_legal is None else choice_legal[:, 1:]
         metrics.update(decision_means(decision_sums(logits, targets, mask, decision, ce, legal, choice_tokens)))
-        if decision_weight != 1.0:
-            objective = (ce * mask * (1.0 + (decision_weight - 1.0) * decision)).sum() / denom
+        train_ce = ce
+        if legal_targets and legal is not None and choice_tokens is not None:
+            n_legal = legal.sum(-1).astype(jnp.float32)
+            logp = jnp.take(logits, jnp.asarray(choice_tokens), axis=-1) - jax.nn.logsumexp(logits, axis=-1)[..., None]
+            soft = -jnp.where(legal, logp, 0.0).sum(-1) / jnp.maximum(n_legal, 1.0)
+            train_ce = jnp.where((decision > 0) & (n_legal > 0), soft, ce)
+        if decision_weight != 1.0 or train_ce is not ce:
+            objective = (train_ce * mask * (1.0 + (decision_weight - 1.0) * decision)).sum() / denom
     return objective, metrics
 
 
 def make_sft_step(module, optimizer: optax.GradientTransformation, choice_tokens: np.ndarray | None = None,
-                  decision_weight: float = 1.0) -> Callable:
+                  decision_weight: float = 1.0, legal_targets: bool = False) -> Callable:
     """-> jitted step(params, opt_state, tokens int32[B, T], loss_mask f32[B, T], frozen=None, dropout_key=None,
     decision_mask=None, choice_legal=None) -> (params, opt_state, metrics).
 
     metrics: loss, accuracy, grad_norm (before clipping), tokens (masked targets in the batch); with
     decision_mask f32[B, T] also `decision_means` (choice_legal bool[B, T, C] with the static choice_tokens
     int32[C] for decision_loss_floor / illegal_prob / choice_entropy), and the objective weighs the decision
-    tokens by decision_weight (`sft_loss`). params and opt_state are donated. `module.apply({"params": p},
+    tokens by decision_weight and, with legal_targets, trains them toward the uniform legal choice (`sft_loss`).
+    params and opt_state are donated. `module.apply({"params": p},
     tokens)` must return (logits[B, T, V], _). frozen: None, or the frozen base of a LoRA policy
     (`models.lora`): params are then its adapters, the model applies `lora.join(frozen, params, dropout_key)`
     and only the adapters are trained."""
@@ -356,7 +372,8 @@ def make_sft_step(module, optimizer: optax.GradientTransformation, choice_tokens
     def loss_fn(params, tokens, loss_mask, frozen, dropout_key, decision_mask, choice_legal):
         policy = params if frozen is None else lora.join(frozen, params, dropout_key)
         logits, _ = module.apply({"params": policy}, tokens)
-        return sft_loss(logits, tokens, loss_mask, decision_mask, choice_legal, choice_ids, decision_weight)
+        return sft_loss(logits, tokens, loss_mask, decision_mask, choice_legal, choice_ids, decision_weight,
+                        legal_targets)
 
     def step(params, opt_state, tokens, loss_mask, frozen=None, dropout_key=None, decision_mask=None,
              choice_legal=None):
@@ -493,6 +510,8 @@ def train_sft(module, params, tokenizer, dataset, config: SftConfig, key: jax.Ar
     has_legal = choice_tokens is not None and bool(data.get("choice_legal", np.zeros(0, bool)).any())
     if grammar is None and config.decision_weight != 1.0:
         raise ValueError("decision_weight != 1 needs the reply grammar (train_sft(..., grammar=...))")
+    if config.legal_targets and not has_legal:
+        raise ValueError("legal_targets needs a \"cell\" reply grammar and rows whose info gives legal_choices")
     num_rows = data["tokens"].shape[0]
     if num_rows == 0:
         raise ValueError("train_sft: the dataset holds no usable conversation")
@@ -501,7 +520,8 @@ def train_sft(module, params, tokenizer, dataset, config: SftConfig, key: jax.Ar
     schedule = learning_rate_schedule(optim)
     params = jax.tree.map(jnp.array, params)  # a private copy: the step donates it
     opt_state = optimizer.init(params)
-    step_fn = make_sft_step(module, optimizer, choice_tokens if has_legal else None, config.decision_weight)
+    step_fn = make_sft_step(module, optimizer, choice_tokens if has_legal else None, config.decision_weight,
+                            config.legal_targets)
     batches = _batch_indices(key, num_rows, config.batch_size, config.steps)
     check_every, stop_when_exact = config.check_every, config.stop_when_exact
     check_data = None

@@ -1,5 +1,6 @@
 """Generation: the jitted batched sampler (prefill, then a `lax.while_loop` of cached decode steps)."""
 
 from jaxrl_llm.generate.sampler import (  # noqa: F401
-    ModelFn, SampleOutput, SamplingConfig, decode, last_logits, lfm2_model_fn, make_sampler, process_logits, sample,
+    ModelFn, SampleOutput, SamplingConfig, check_constrained, decode, last_logits, lfm2_model_fn, make_sampler,
+    process_logits, restrict_logits, sample,
 )

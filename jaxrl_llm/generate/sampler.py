@@ -15,6 +15,20 @@ Layout conventions
 * `active[b] = False` rows take no part: they generate nothing (`lengths = 0`) and their cache is left
   as it was.
 
+Constrained replies (`SamplingConfig.constrained`, off by default): the env's reply grammar drives decoding.
+A `text.grammar.ReplyTemplate` (from `text.tables_for_env`: `tables.reply_template`) is passed to `decode`;
+each row then runs a small automaton inside the decode loop: the template's prefix tokens are written
+without sampling, then the content is sampled from the logits restricted to the tokens its grammar allows
+at that step (a cell: one choice token; an integer: "-" or digits up to max_digits, then the end; text: any
+token until the suffix's first token), then the suffix and the end-of-turn token are written. Forced tokens
+get log-prob 0 and `sampled = False` (they are out of the loss). A sampled token's `logprobs` entry is its
+log-prob under the restricted distribution: the logits outside the allowed set are -inf, then temperature,
+top-k and top-p as usual (`choice_set` records which set it was). The trainer computes the same with
+`restrict_logits` on its logits at those positions before its log-softmax (same set, same temperature); the
+forced tokens it must leave out of the loss. The content runs out of room gracefully: when only the suffix
+still fits in max_new_tokens, the suffix is forced (an integer then has at least one digit as long as
+max_new_tokens >= prefix + 1 + suffix, which `check_constrained` asks for).
+
 The model enters as a function `model_fn(params, tokens[B, T], cache, num_valid[B]) -> (logits, cache)`,
 the cached call of `models.lfm2.Lfm2ForCausalLM`; `lfm2_model_fn` builds it. Only each row's last real
 logits are used, so `logits` may be [B, T, V] or just [B, 1, V] (the logits at position num_valid[b] - 1).
@@ -28,6 +42,8 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+from jaxrl_llm.text.grammar import ReplyTemplate
 
 ModelFn = Callable[[Any, jax.Array, Any, jax.Array], tuple[jax.Array, Any]]
 
@@ -45,6 +61,8 @@ class SamplingConfig:
     top_k: keep the k most likely tokens (0 keeps all).
     top_p: nucleus sampling, keep the smallest set of tokens whose probability reaches top_p (1.0 keeps all).
     greedy: take the argmax instead of sampling.
+    constrained: decode replies through the env's reply grammar (the module docstring): the fixed text is
+        forced, only the content is sampled, from the tokens the grammar allows there.
     max_new_tokens: tokens generated per call (per turn in a rollout) at most, stop token included.
     stop_token_ids: ids that end a row (e.g. `<|im_end|>`); the stop token is kept in the output. Set by
         the code from the tokenizer, not in TOML.
@@ -55,6 +73,7 @@ class SamplingConfig:
     top_k: int = 0
     top_p: float = 1.0
     greedy: bool = False
+    constrained: bool = False
     max_new_tokens: int = 64
     stop_token_ids: tuple[int, ...] = dataclasses.field(default=(), metadata=NOT_IN_TOML)
     pad_id: int = dataclasses.field(default=0, metadata=NOT_IN_TOML)
@@ -64,6 +83,8 @@ class SamplingConfig:
 
         if not isinstance(self.greedy, bool):
             raise ConfigError(f"must be a boolean, got {self.greedy!r}", ("greedy",), "SamplingConfig")
+        if not isinstance(self.constrained, bool):
+            raise ConfigError(f"must be a boolean, got {self.constrained!r}", ("constrained",), "SamplingConfig")
         check_float(self, "temperature", low=0.0, low_open=not self.greedy)  # greedy ignores it: 0 is fine
         check_float(self, "top_p", 0.0, 1.0, low_open=True)
         check_int(self, "top_k", 0)
@@ -87,6 +108,12 @@ class SampleOutput(NamedTuple):
         (temperature, top-k, top-p applied; 0 in greedy mode); 0 past the row's end.
     model_logprobs: float32[B, N] log-prob of each token under the untempered model; 0 past the end.
     cache: the model cache with prompt and generated tokens appended.
+    sampled: bool[B, N] the token was sampled (False for a constrained reply's forced tokens and past the
+        row's end); without constraints every generated token.
+    content: bool[B, N] a constrained reply's content tokens (the choice, the digits and sign); all False
+        without constraints.
+    choice_set: int8[B, N] the index into `ReplyTemplate.sets` of the set a constrained token was sampled
+        from; -1 for tokens sampled from the whole vocabulary, forced tokens and past the end.
     """
 
     tokens: jax.Array
@@ -96,6 +123,9 @@ class SampleOutput(NamedTuple):
     logprobs: jax.Array
     model_logprobs: jax.Array
     cache: Any
+    sampled: jax.Array
+    content: jax.Array
+    choice_set: jax.Array
 
 
 def lfm2_model_fn(module) -> ModelFn:
@@ -160,6 +190,111 @@ class _LoopState(NamedTuple):
     lengths: jax.Array
     finished: jax.Array  # bool[B] no more tokens for this row
     done: jax.Array  # bool[B] ended with a stop token
+    auto: Any = None  # _Automaton of constrained decoding (None without constraints)
+
+
+# Phases of a constrained reply's automaton.
+PREFIX, CONTENT, SUFFIX, DONE = range(4)
+
+
+class _Automaton(NamedTuple):
+    """Per-row state of constrained decoding, and what it records per generated token."""
+
+    phase: jax.Array  # int32[B] PREFIX, CONTENT, SUFFIX or DONE
+    pos: jax.Array  # int32[B] next index into the prefix or the suffix
+    count: jax.Array  # int32[B] content tokens so far (integer: digits)
+    signed: jax.Array  # bool[B] integer: the content began with "-"
+    sampled: jax.Array  # bool[B, N]
+    content: jax.Array  # bool[B, N]
+    choice_set: jax.Array  # int8[B, N]
+
+
+def restrict_logits(logits: jax.Array, set_ids: jax.Array, sets: jax.Array) -> jax.Array:
+    """Logits restricted to allowed sets: float[..., V], set ids int[...] (-1: no restriction), sets bool[K, V']
+    -> float32[..., V], -inf outside the row's set (ids >= V' are outside every set).
+
+    The sampler samples a constrained token from `process_logits(restrict_logits(...))`; a trainer that
+    recomputes its log-prob applies the same restriction to the logits that predict it, e.g. for the
+    logits [B, L, V] of a forward over a trajectory's tokens: `restrict_logits(logits[:, :-1],
+    trajectory.choice_set[:, 1:], tables.reply_template.sets)`, then temperature and log-softmax."""
+    vocab = logits.shape[-1]
+    sets = jnp.asarray(sets, bool)
+    sets = sets[:, :vocab] if sets.shape[1] >= vocab else jnp.pad(sets, ((0, 0), (0, vocab - sets.shape[1])))
+    set_ids = jnp.asarray(set_ids, jnp.int32)
+    allowed = (set_ids < 0)[..., None]
+    for k in range(sets.shape[0]):
+        allowed = allowed | ((set_ids == k)[..., None] & sets[k])
+    return jnp.where(allowed, logits.astype(jnp.float32), -jnp.inf)
+
+
+def check_constrained(config: SamplingConfig, template: ReplyTemplate | None) -> None:
+    """Constrained decoding needs a template and room for prefix + one content token + suffix (host check)."""
+    if template is None:
+        raise ValueError("SamplingConfig.constrained needs the env's reply template (text.tables_for_env(...)"
+                         ".reply_template, see text.tables.require_reply_template)")
+    need = template.prefix.shape[0] + 1 + template.suffix.shape[0]
+    if config.max_new_tokens < need:
+        raise ValueError(f"constrained replies need max_new_tokens >= {need} (the reply's fixed prefix "
+                         f"{template.prefix.shape[0]}, one content token, the suffix and end of turn "
+                         f"{template.suffix.shape[0]}), got {config.max_new_tokens}")
+
+
+def _plan(template: ReplyTemplate, a: _Automaton, remaining: jax.Array):
+    """This step of each row's automaton: (phase, pos after a forced end of the content, the forced token or
+    -1, the allowed set of a sampled token or -1). `remaining`: int32[B] tokens the row may still write."""
+    n_suffix = template.suffix.shape[0]
+    if template.kind == "cell":
+        must_end = jnp.zeros_like(remaining, bool)
+    elif template.kind == "integer":
+        must_end = (a.count >= template.max_digits) | (remaining <= n_suffix)
+    else:
+        must_end = remaining <= n_suffix
+    end_now = (a.phase == CONTENT) & must_end
+    phase = jnp.where(end_now, SUFFIX, a.phase)
+    pos = jnp.where(end_now, 0, a.pos)
+    prefix = jnp.concatenate([template.prefix.astype(jnp.int32), jnp.zeros((1,), jnp.int32)])
+    forced = jnp.where(phase == PREFIX, prefix[jnp.clip(pos, 0, prefix.shape[0] - 1)],
+                       jnp.where(phase == SUFFIX, template.suffix[jnp.clip(pos, 0, n_suffix - 1)], -1))
+    if template.kind == "integer":
+        from jaxrl_llm.text.grammar import INT_DIGIT, INT_DIGIT_OR_END, INT_START
+
+        first = jnp.where(a.signed | (remaining <= n_suffix + 1), INT_DIGIT, INT_START)
+        set_id = jnp.where(a.count == 0, first, INT_DIGIT_OR_END)
+    else:
+        set_id = jnp.zeros_like(remaining)
+    return phase, pos, forced.astype(jnp.int32), jnp.where(phase == CONTENT, set_id, -1).astype(jnp.int32)
+
+
+def _advance(template: ReplyTemplate, a: _Automaton, phase, pos, token, live, step, sampled, set_id) -> _Automaton:
+    """The automaton after row b wrote `token` at `step` (rows with live = False keep their state)."""
+    n_prefix, n_suffix = template.prefix.shape[0], template.suffix.shape[0]
+    in_prefix, in_content, in_suffix = phase == PREFIX, phase == CONTENT, phase == SUFFIX
+    is_end = token == template.suffix[0]
+    if template.kind == "cell":
+        ends = in_content  # one choice token, then the whole suffix
+        next_pos_end = 0
+    else:
+        ends = in_content & is_end  # the sampled end is the suffix's first token
+        next_pos_end = 1
+    new_phase = jnp.where(in_prefix & (pos + 1 >= n_prefix), CONTENT, phase)
+    new_pos = jnp.where(in_prefix, jnp.where(pos + 1 >= n_prefix, 0, pos + 1), pos)
+    new_phase = jnp.where(ends, SUFFIX, new_phase)
+    new_pos = jnp.where(ends, next_pos_end, new_pos)
+    new_pos = jnp.where(in_suffix, pos + 1, new_pos)
+    new_phase = jnp.where((new_phase == SUFFIX) & (new_pos >= n_suffix), DONE, new_phase)
+    is_content = in_content & ~ends if template.kind != "cell" else in_content
+    is_minus = token == template.minus_id
+    new = _Automaton(
+        phase=new_phase.astype(jnp.int32),
+        pos=new_pos.astype(jnp.int32),
+        count=a.count + (is_content & ~is_minus).astype(jnp.int32),
+        signed=a.signed | (is_content & is_minus),
+        sampled=a.sampled.at[:, step].set(live & sampled),
+        content=a.content.at[:, step].set(live & sampled & is_content),
+        choice_set=a.choice_set.at[:, step].set(jnp.where(live & sampled, set_id, -1).astype(jnp.int8)),
+    )
+    keep = ("phase", "pos", "count", "signed")
+    return new._replace(**{f: jnp.where(live, getattr(new, f), getattr(a, f)) for f in keep})
 
 
 def last_logits(logits: jax.Array, num_valid: jax.Array) -> jax.Array:
@@ -177,13 +312,19 @@ def decode(
     cache,
     key: jax.Array,
     active: jax.Array,
+    constraint: ReplyTemplate | None = None,
 ) -> SampleOutput:
     """The decode loop from given next-token logits float32[B, V] (the prefill already done).
 
     Used by `sample` and by multi-turn rollouts, which append each environment message with their own
     chunked prefill and then decode the reply. Rows with `active = False` generate nothing. A row stops at
-    a stop token, at `max_new_tokens`, or when its cache is full (then `truncated`).
+    a stop token, at `max_new_tokens`, or when its cache is full (then `truncated`). With
+    `config.constrained`, `constraint` (the env's reply template) drives each reply (the module docstring);
+    otherwise it is ignored.
     """
+    if config.constrained:
+        check_constrained(config, constraint)
+        return _decode_constrained(model_fn, config, params, next_logits, cache, key, active, constraint)
     batch = next_logits.shape[0]
     n_new = config.max_new_tokens
     room = jnp.where(active, _cache_capacity(cache) - cache.lengths, 0)
@@ -231,6 +372,7 @@ def decode(
         )
 
     state = jax.lax.while_loop(cond, body, state)
+    written = jnp.arange(n_new, dtype=jnp.int32)[None, :] < state.lengths[:, None]
     return SampleOutput(
         tokens=state.tokens,
         lengths=state.lengths,
@@ -239,6 +381,82 @@ def decode(
         logprobs=state.logprobs,
         model_logprobs=state.model_logprobs,
         cache=state.cache,
+        sampled=written,
+        content=jnp.zeros((batch, n_new), bool),
+        choice_set=jnp.full((batch, n_new), -1, jnp.int8),
+    )
+
+
+def _decode_constrained(model_fn: ModelFn, config: SamplingConfig, params, next_logits: jax.Array, cache,
+                        key: jax.Array, active: jax.Array, template: ReplyTemplate) -> SampleOutput:
+    """`decode` with every reply driven by `template` (the module docstring)."""
+    batch = next_logits.shape[0]
+    n_new = config.max_new_tokens
+    room = jnp.where(active, _cache_capacity(cache) - cache.lengths, 0)
+    budget = jnp.minimum(room, n_new)
+    stop_ids = jnp.asarray(config.stop_token_ids or (-1,), jnp.int32)
+    start = PREFIX if template.prefix.shape[0] else CONTENT
+    zeros = jnp.zeros((batch,), jnp.int32)
+    state = _LoopState(
+        step=jnp.zeros((), jnp.int32),
+        key=key,
+        cache=cache,
+        next_logits=next_logits.astype(jnp.float32),
+        tokens=jnp.full((batch, n_new), config.pad_id, jnp.int32),
+        logprobs=jnp.zeros((batch, n_new), jnp.float32),
+        model_logprobs=jnp.zeros((batch, n_new), jnp.float32),
+        lengths=zeros,
+        finished=~active | (room <= 0),
+        done=jnp.zeros((batch,), bool),
+        auto=_Automaton(phase=jnp.full((batch,), start, jnp.int32), pos=zeros, count=zeros,
+                        signed=jnp.zeros((batch,), bool), sampled=jnp.zeros((batch, n_new), bool),
+                        content=jnp.zeros((batch, n_new), bool), choice_set=jnp.full((batch, n_new), -1, jnp.int8)),
+    )
+
+    def cond(s: _LoopState):
+        return (s.step < n_new) & ~jnp.all(s.finished)
+
+    def body(s: _LoopState):
+        key, sub = jax.random.split(s.key)
+        live = ~s.finished
+        phase, pos, forced, set_id = _plan(template, s.auto, budget - s.lengths)
+        token, logprob, _ = _choose(sub, restrict_logits(s.next_logits, set_id, template.sets), config)
+        is_forced = forced >= 0
+        token = jnp.where(is_forced, forced, token)
+        logprob = jnp.where(is_forced, 0.0, logprob)
+        model_logprob = jnp.take_along_axis(jax.nn.log_softmax(s.next_logits, axis=-1), token[:, None], axis=-1)[:, 0]
+        token = jnp.where(live, token, config.pad_id)
+        auto = _advance(template, s.auto, phase, pos, token, live, s.step, ~is_forced, set_id)
+        lengths = s.lengths + live.astype(jnp.int32)
+        hit_stop = live & jnp.any(token[:, None] == stop_ids[None, :], axis=-1)
+        logits, cache = model_fn(params, token[:, None], s.cache, live.astype(jnp.int32))
+        complete = live & (auto.phase == DONE)
+        return _LoopState(
+            step=s.step + 1,
+            key=key,
+            cache=cache,
+            next_logits=logits[:, 0].astype(jnp.float32),
+            tokens=s.tokens.at[:, s.step].set(token),
+            logprobs=s.logprobs.at[:, s.step].set(jnp.where(live, logprob, 0.0)),
+            model_logprobs=s.model_logprobs.at[:, s.step].set(jnp.where(live, model_logprob, 0.0)),
+            lengths=lengths,
+            finished=s.finished | hit_stop | complete | (lengths >= room),
+            done=s.done | hit_stop,
+            auto=auto,
+        )
+
+    state = jax.lax.while_loop(cond, body, state)
+    return SampleOutput(
+        tokens=state.tokens,
+        lengths=state.lengths,
+        done=state.done,
+        truncated=active & ~state.done,
+        logprobs=state.logprobs,
+        model_logprobs=state.model_logprobs,
+        cache=state.cache,
+        sampled=state.auto.sampled,
+        content=state.auto.content,
+        choice_set=state.auto.choice_set,
     )
 
 
@@ -251,11 +469,13 @@ def _sample_impl(
     cache,
     key: jax.Array,
     active: jax.Array,
+    constraint: ReplyTemplate | None = None,
 ) -> SampleOutput:
     """Prefill the prompt chunk at each row's offset, then decode."""
     prompt_lengths = jnp.where(active, prompt_lengths, 0).astype(jnp.int32)
     logits, cache = model_fn(params, prompt, cache, prompt_lengths)
-    return decode(model_fn, config, params, last_logits(logits, prompt_lengths), cache, key, active & (prompt_lengths >= 1))
+    return decode(model_fn, config, params, last_logits(logits, prompt_lengths), cache, key, active & (prompt_lengths >= 1),
+                  constraint)
 
 
 def _cache_capacity(cache) -> int:
@@ -263,17 +483,21 @@ def _cache_capacity(cache) -> int:
     return int(cache.max_len) or 2**30
 
 
-def make_sampler(model_fn: ModelFn, config: SamplingConfig, donate_cache: bool = True) -> Callable[..., SampleOutput]:
+def make_sampler(model_fn: ModelFn, config: SamplingConfig, donate_cache: bool = True,
+                 constraint: ReplyTemplate | None = None) -> Callable[..., SampleOutput]:
     """Compile-once sampler: `sampler(params, prompt, prompt_lengths, cache, key, active=None) -> SampleOutput`.
 
     prompt: int32[B, P] right padded; prompt_lengths: int32[B], >= 1 for active rows (the logits of a
     row's last prompt token give its first new token);
     cache: the model cache (new from `init_cache`, or one a previous call returned; donated);
     key: a PRNG key; active: bool[B] rows taking part (default all).
-    Calls with the same shapes reuse one compiled program.
+    Calls with the same shapes reuse one compiled program. constraint: the reply template of
+    `config.constrained` (`tables.reply_template`).
     """
+    if config.constrained:
+        check_constrained(config, constraint)
     jitted = jax.jit(
-        functools.partial(_sample_impl, model_fn, config),
+        functools.partial(_sample_impl, model_fn, config, constraint=constraint),
         donate_argnames=("cache",) if donate_cache else (),
     )
 
@@ -309,6 +533,7 @@ def sample(
     key: jax.Array,
     config: SamplingConfig,
     active: jax.Array | None = None,
+    constraint: ReplyTemplate | None = None,
 ) -> SampleOutput:
     """One sampling call without keeping a compiled sampler around (traceable inside a larger jit).
 
@@ -317,4 +542,4 @@ def sample(
     """
     if active is None:
         active = jnp.ones((prompt.shape[0],), bool)
-    return _sample_impl(model_fn, config, params, prompt, prompt_lengths, cache, key, active)
+    return _sample_impl(model_fn, config, params, prompt, prompt_lengths, cache, key, active, constraint)

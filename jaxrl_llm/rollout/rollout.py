@@ -81,6 +81,13 @@ class Trajectory(NamedTuple):
         played turn), 0 for turns not played.
     turn_legal: bool[B, T, C] the legal choices at each turn (`Env.legal_choices`; C = 0 when the env
         cannot say; all False for turns not played).
+    decision_mask: float32[B, L] 1 on the model tokens that carry the reply grammar's content (the move
+        digit, the answer's sign and digits), 0 elsewhere. Constrained replies: the sampled content tokens;
+        otherwise the reply tokens whose bytes overlap the parsed (stripped) content (`text.grammar.
+        content_span`), none when a reply has no `<tag>...</tag>` or an empty content.
+    choice_set: int8[B, L] constrained replies: the allowed set (an index into `tables.reply_template.sets`)
+        each content token was sampled from; -1 elsewhere and always without constraints. A trainer
+        recomputes those tokens' log-probs with `generate.restrict_logits` (see `generate.sampler`).
     """
 
     tokens: jax.Array
@@ -104,6 +111,8 @@ class Trajectory(NamedTuple):
     turn_rewards: jax.Array = None
     turn_keys: jax.Array = None
     turn_legal: jax.Array = None
+    decision_mask: jax.Array = None
+    choice_set: jax.Array = None
 
 
 class Reply(NamedTuple):
@@ -114,18 +123,26 @@ class Reply(NamedTuple):
     ended: jax.Array  # bool[B] the reply ends with the end-of-turn token
     logprobs: jax.Array  # float32[B, N]
     cache: Any
+    sampled: Any = None  # bool[B, N] tokens in the loss (None: every token of the reply)
+    content: Any = None  # bool[B, N] a constrained reply's content tokens (None: find them by parsing)
+    choice_set: Any = None  # int8[B, N] a constrained token's allowed set, -1 elsewhere (None: all -1)
 
 
 # A policy turns (turn index, next-token logits [B, V] or None, cache, key, active[B]) into a Reply.
 Policy = Callable[[jax.Array, Any, Any, jax.Array, jax.Array], Reply]
 
 
-def model_policy(model_fn: sampling.ModelFn, params, config: sampling.SamplingConfig) -> Policy:
-    """The language model as a policy: each reply sampled with `sampling.decode` from the cache."""
+def model_policy(model_fn: sampling.ModelFn, params, config: sampling.SamplingConfig, constraint=None) -> Policy:
+    """The language model as a policy: each reply sampled with `sampling.decode` from the cache.
 
-    def policy(turn, next_logits, cache, key, active):
-        out = sampling.decode(model_fn, config, params, next_logits, cache, key, active)
-        return Reply(out.tokens, out.lengths, out.done, out.logprobs, out.cache)
+    With `config.constrained` the replies follow the reply template `constraint` (`tables.reply_template`;
+    `rollout` passes its tables' template at call time)."""
+
+    def policy(turn, next_logits, cache, key, active, constraint=constraint):
+        out = sampling.decode(model_fn, config, params, next_logits, cache, key, active, constraint)
+        content = out.content if config.constrained else None  # None: the rollout finds it by parsing
+        return Reply(out.tokens, out.lengths, out.done, out.logprobs, out.cache, out.sampled, content,
+                     out.choice_set)
 
     return policy
 
@@ -139,7 +156,7 @@ def scripted_policy(reply_tokens: jax.Array, reply_lengths: jax.Array, eos_id: i
     reply_tokens = jnp.asarray(reply_tokens, jnp.int32)
     reply_lengths = jnp.asarray(reply_lengths, jnp.int32)
 
-    def policy(turn, next_logits, cache, key, active):
+    def policy(turn, next_logits, cache, key, active, constraint=None):
         tokens = reply_tokens[:, turn]
         lengths = jnp.where(active, reply_lengths[:, turn], 0)
         last = jnp.take_along_axis(tokens, jnp.clip(lengths - 1, 0)[:, None], axis=1)[:, 0]
@@ -155,12 +172,15 @@ def scripted_policy(reply_tokens: jax.Array, reply_lengths: jax.Array, eos_id: i
 
 
 class Buffer(NamedTuple):
-    """The conversation of every game: tokens int32[B, L], loss_mask / logprobs float32[B, L], cursor int32[B]."""
+    """The conversation of every game: tokens int32[B, L], loss_mask / logprobs / decision float32[B, L],
+    choice_set int8[B, L], cursor int32[B]."""
 
     tokens: jax.Array
     loss_mask: jax.Array
     logprobs: jax.Array
     cursor: jax.Array
+    decision: jax.Array
+    choice_set: jax.Array
 
 
 class Flags(NamedTuple):
@@ -213,16 +233,26 @@ def _write(buffer: jax.Array, start: jax.Array, values: jax.Array, lengths: jax.
 
 
 def _extend(buffer: Buffer, tokens: jax.Array, lengths: jax.Array, pad_id: int, sampled: bool,
-            logprobs: jax.Array | None = None) -> Buffer:
-    """Appends tokens[b, :lengths[b]] to every game's conversation (loss mask 1 iff `sampled`)."""
+            logprobs: jax.Array | None = None, reply: Reply | None = None, decision: jax.Array | None = None
+            ) -> Buffer:
+    """Appends tokens[b, :lengths[b]] to every game's conversation (loss mask 1 iff `sampled`; a reply's
+    own `sampled` mask, when it has one, leaves its forced tokens out); decision bool[B, N] or None."""
     shape = tokens.shape
     mask = jnp.ones(shape, jnp.float32) if sampled else jnp.zeros(shape, jnp.float32)
+    if sampled and reply is not None and reply.sampled is not None:
+        mask = reply.sampled.astype(jnp.float32)
     logprobs = jnp.zeros(shape, jnp.float32) if logprobs is None else logprobs
+    decision = jnp.zeros(shape, jnp.float32) if decision is None else decision.astype(jnp.float32)
+    choice_set = jnp.full(shape, -1, jnp.int8)
+    if reply is not None and reply.choice_set is not None:
+        choice_set = reply.choice_set.astype(jnp.int8)
     return Buffer(
         tokens=_write(buffer.tokens, buffer.cursor, tokens, lengths, pad_id),
         loss_mask=_write(buffer.loss_mask, buffer.cursor, mask, lengths, 0.0),
         logprobs=_write(buffer.logprobs, buffer.cursor, logprobs, lengths, 0.0),
         cursor=buffer.cursor + lengths,
+        decision=_write(buffer.decision, buffer.cursor, decision, lengths, 0.0),
+        choice_set=_write(buffer.choice_set, buffer.cursor, choice_set, lengths, -1),
     )
 
 
@@ -341,7 +371,9 @@ def rollout(
         buffer=Buffer(tokens=jnp.full((batch, length), tables.pad_id, jnp.int32).at[:, :p0].set(prefix[None, :]),
                       loss_mask=jnp.zeros((batch, length), jnp.float32),
                       logprobs=jnp.zeros((batch, length), jnp.float32),
-                      cursor=jnp.full((batch,), p0, jnp.int32)),
+                      cursor=jnp.full((batch,), p0, jnp.int32),
+                      decision=jnp.zeros((batch, length), jnp.float32),
+                      choice_set=jnp.full((batch, length), -1, jnp.int8)),
         flags=Flags(needs_end=no, final_sent=no, context_cut=no),
         log=TurnLog(lengths=jnp.zeros((batch, max_turns), jnp.int32), format=jnp.zeros((batch, max_turns), bool),
                     truncated=jnp.zeros((batch, max_turns), bool),
@@ -372,9 +404,18 @@ def rollout(
 
     def _generate_reply(c: Carry, next_logits, active):
         key, sub = jax.random.split(c.key)
-        reply = policy(c.turn, next_logits, c.cache, sub, active)
+        if sampling_config.constrained:
+            reply = policy(c.turn, next_logits, c.cache, sub, active, constraint=text.require_reply_template(tables))
+        else:
+            reply = policy(c.turn, next_logits, c.cache, sub, active)
         lengths = jnp.where(active, reply.lengths, 0)
-        buffer = _extend(c.buffer, reply.tokens, lengths, tables.pad_id, sampled=True, logprobs=reply.logprobs)
+        decision = reply.content
+        if decision is None:  # the tokens of the parsed content (the parser reads the reply without its end of turn)
+            text_len = lengths - (reply.ended & active).astype(jnp.int32)
+            decision = jax.vmap(text.content_token_mask, in_axes=(None, None, 0, 0))(tables, grammar, reply.tokens,
+                                                                                      text_len)
+        buffer = _extend(c.buffer, reply.tokens, lengths, tables.pad_id, sampled=True, logprobs=reply.logprobs,
+                         reply=reply, decision=decision)
         return c._replace(key=key, cache=reply.cache, buffer=buffer), reply, lengths
 
     def _parse_reply(reply: Reply, lengths, ended) -> ParsedReply:
@@ -480,6 +521,8 @@ def _finish(env: Env, tables: text.TextTables, carry: Carry, examples, return_ca
         turn_rewards=log.reward,
         turn_keys=log.key,
         turn_legal=log.legal,
+        decision_mask=jnp.where(inside, buffer.decision, 0.0),
+        choice_set=jnp.where(inside, buffer.choice_set, -1).astype(jnp.int8),
     )
     return (trajectory, carry.cache) if return_cache else trajectory
 

@@ -6,7 +6,11 @@
 """
 
 from jaxrl_llm.text.chat import chat_pieces, token_bytes  # noqa: F401
-from jaxrl_llm.text.grammar import parse_bytes, parse_reply, reply_bytes  # noqa: F401
-from jaxrl_llm.text.tables import TextTables, build_text_tables, gather_pieces, render_turn, tables_for_env  # noqa: F401
+from jaxrl_llm.text.grammar import (  # noqa: F401
+    ReplyTemplate, content_span, content_token_mask, parse_bytes, parse_reply, reply_bytes,
+)
+from jaxrl_llm.text.tables import (  # noqa: F401
+    TextTables, build_text_tables, gather_pieces, render_turn, require_reply_template, tables_for_env,
+)
 from jaxrl_llm.text.tokenizer import CHAT_TEMPLATE, check_tokenizer, load_tokenizer  # noqa: F401
 

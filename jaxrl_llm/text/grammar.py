@@ -51,6 +51,7 @@ The automaton (one `lax.scan` over the bytes, skipping bytes whose `valid` is Fa
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -60,7 +61,7 @@ import numpy as np
 
 from envs.core import ParsedReply, ReplyGrammar
 
-__all__ = ["parse_bytes", "parse_reply", "reply_bytes"]
+__all__ = ["parse_bytes", "parse_reply", "reply_bytes", "ReplyTemplate", "content_span", "content_token_mask"]
 
 _LT = ord("<")
 _ZERO = ord("0")
@@ -274,3 +275,107 @@ def parse_reply(tables: Any, grammar: ReplyGrammar, tokens: jax.Array, length: j
     ParsedReply of scalars. `tables`: see `reply_bytes`. Jittable and vmappable."""
     data, valid = reply_bytes(tables, tokens, length)
     return parse_bytes(grammar, data, valid)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Constrained replies: the grammar's reply as a template for decoding, and where the content is
+# ----------------------------------------------------------------------------------------------------------
+
+# Allowed-set indices of `ReplyTemplate.sets`, per content kind.
+CELL_CHOICE = 0  # cell: one of the choice tokens
+INT_START, INT_DIGIT, INT_DIGIT_OR_END = 0, 1, 2  # integer: "-" or a digit; a digit; a digit or the end
+TEXT_FREE = 0  # text: any token but the end of turn (the suffix's first token ends the content)
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["prefix", "suffix", "sets"],
+                   meta_fields=["kind", "max_digits", "minus_id"])
+@dataclasses.dataclass(frozen=True)
+class ReplyTemplate:
+    """A reply grammar as a decoding template: fixed prefix, sampled content, fixed suffix (built on the host
+    by `text.tables.reply_template`; a pytree whose arrays live on device).
+
+    prefix: int32[Lp] the fixed text before the content (e.g. "<think></think>\\n<move>") as token ids.
+    suffix: int32[Ls] the fixed text after it ("</move>") as token ids, then the end-of-turn token.
+    sets: bool[K, V] the tokens allowed at a content step, by set index (the constants above):
+        cell    K = 1: the choice tokens ("0".."8");
+        integer K = 3: "-" or a digit (the first token); a digit (after "-", or when only one token is left
+                before the suffix); a digit or the suffix's first token (the end, once a digit was written);
+        text    K = 1: every token but the end of turn (the suffix's first token ends the content).
+    kind: the grammar's content kind; max_digits: integer content has at most this many digits (then
+        the suffix is forced); minus_id: the "-" token (-1 unless integer).
+    A reply decoded under the template is prefix + content + suffix: it always holds `<tag>content</tag>`
+    in the grammar's format, and its content is valid for cell and integer grammars.
+    """
+
+    prefix: jax.Array
+    suffix: jax.Array
+    sets: jax.Array
+    kind: str
+    max_digits: int
+    minus_id: int
+
+
+def content_span(grammar: ReplyGrammar, data: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Where the parsed content lies in a reply's bytes: uint8[M], bool[M] (as `parse_bytes` takes them) ->
+    (has bool[], start int32[], end int32[]): the stripped content `m.group(1).strip()` of the module
+    docstring's match occupies the valid bytes in data[start:end]; `has` is False when there is no match
+    or the content is empty (start = end = 0). Jittable and vmappable.
+
+    Vectorised, no scan: the valid bytes are packed to the front, the first `<tag>` and the first `</tag>`
+    after it are found by window compares, and the whitespace characters (their UTF-8 encodings, found by
+    walking `ws_trie` from every byte; they never overlap, since a multi-byte one starts with a lead byte)
+    are stripped from both ends."""
+    data = jnp.asarray(data).astype(jnp.int32)
+    valid = jnp.asarray(valid, bool)
+    m = data.shape[0]
+    idx = jnp.arange(m, dtype=jnp.int32)
+    slot = jnp.where(valid, jnp.cumsum(valid) - 1, m)  # packed position of each valid byte; m: dropped
+    n = valid.sum().astype(jnp.int32)
+    width = len(f"</{grammar.tag}>")
+    packed = jnp.full((m + width,), -1, jnp.int32).at[slot].set(data, mode="drop")
+    source = jnp.zeros((m,), jnp.int32).at[slot].set(idx, mode="drop")
+
+    def occurs(pattern: bytes) -> jax.Array:
+        hit = idx + len(pattern) <= n
+        for j, b in enumerate(pattern):
+            hit = hit & (packed[idx + j] == b)
+        return hit
+
+    open_tag, close_tag = f"<{grammar.tag}>".encode(), f"</{grammar.tag}>".encode()
+    opens = occurs(open_tag)
+    begin = jnp.argmax(opens).astype(jnp.int32) + len(open_tag)
+    closes = occurs(close_tag) & (idx >= begin)
+    stop = jnp.argmax(closes).astype(jnp.int32)
+    found = jnp.any(opens) & jnp.any(closes)
+    # whitespace characters: walk the byte trie of their encodings from every position (at most 3 bytes)
+    trie = jnp.asarray(ws_trie()).astype(jnp.int32)
+    node = jnp.zeros((m,), jnp.int32)
+    starts = []  # starts[k]: a whitespace character of k + 1 bytes starts here
+    for j in range(3):
+        byte = jnp.where(idx + j < n, packed[idx + j], 0)
+        step = jnp.where(node >= 0, trie[jnp.maximum(node, 0), jnp.clip(byte, 0, 255)], -1)
+        starts.append(step == 0)
+        node = jnp.where(step > 0, step, -1)
+    covered = starts[0] | starts[1] | starts[2]
+
+    def shifted(x: jax.Array, j: int) -> jax.Array:
+        return jnp.concatenate([jnp.zeros((j,), bool), x[: m - j]])
+
+    covered = covered | shifted(starts[1] | starts[2], 1) | shifted(starts[2], 2)
+    solid = found & ~covered & (idx >= begin) & (idx < stop)
+    has = jnp.any(solid)
+    first = jnp.argmax(solid)
+    last = m - 1 - jnp.argmax(solid[::-1])
+    start = jnp.where(has, source[first], 0)
+    end = jnp.where(has, source[last] + 1, 0)
+    return has, start.astype(jnp.int32), end.astype(jnp.int32)
+
+
+def content_token_mask(tables: Any, grammar: ReplyGrammar, tokens: jax.Array, length: jax.Array) -> jax.Array:
+    """The tokens of a reply (int32[N], the first `length` real) whose bytes overlap its parsed content:
+    bool[N] (all False without a match or with empty content). `tables`: see `reply_bytes`."""
+    data, valid = reply_bytes(tables, tokens, length)
+    has, start, end = content_span(grammar, data, valid)
+    width = tables.byte_table.shape[1]
+    pos = jnp.arange(tokens.shape[0], dtype=jnp.int32)
+    return has & (pos >= start // width) & (pos <= (end - 1) // width)

@@ -14,12 +14,21 @@ of the pieces' tokens, after the system prefix (first turn) and after an end of 
 raises naming the boundary. The system prefix must equal `apply_chat_template` of the system message,
 and the generation prompt must end at a boundary for the env's example replies. Rendering on device is
 then gathers: S + 2 piece ids -> rows -> one output buffer by cumulative lengths (`render_turn`).
+
+With the env's reply grammar (`tables_for_env` passes it), the tables also hold what constrained decoding
+needs (`reply_template`): the grammar's fixed reply text around the content as token ids, the tokens a
+content step may take, and `choice_tokens` (a cell grammar's choices, one token each). They are verified
+like the pieces: after the generation prompt, prefix + content + suffix + end of turn must tokenize as a
+whole to the concatenation (cell: for every choice; integer and text: for sample contents). A template that
+fails does not stop the tables from being built (unconstrained decoding does not need it): the failure is
+kept in `reply_error` and raised by `require_reply_template` when constrained decoding asks for it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,14 +36,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs.core import MessageSpec
+from envs.core import MessageSpec, ReplyGrammar
+from jaxrl_llm.text import grammar as reply_grammar
 from jaxrl_llm.text.chat import chat_pieces, encode, encode_many, token_bytes
 
-__all__ = ["TextTables", "build_text_tables", "tables_for_env", "render_turn", "gather_pieces"]
+__all__ = ["TextTables", "build_text_tables", "tables_for_env", "render_turn", "gather_pieces", "reply_template",
+           "reply_texts", "require_reply_template"]
 
 _DATA_FIELDS = ["prefix", "piece_tokens", "piece_lengths", "open_piece", "close_piece", "slot_piece", "byte_table",
-                "byte_lengths"]
-_META_FIELDS = ["max_msg", "pad_id", "eos_id", "vocab_size", "max_token_bytes", "prefix_length", "slot_names"]
+                "byte_lengths", "choice_tokens", "reply_template"]
+_META_FIELDS = ["max_msg", "pad_id", "eos_id", "vocab_size", "max_token_bytes", "prefix_length", "slot_names",
+                "reply_error"]
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=_DATA_FIELDS, meta_fields=_META_FIELDS)
@@ -50,6 +62,8 @@ class TextTables:
     slot_piece: jax.Array  # int32[S, C]: piece id of code c of slot s (C = the most codes of a slot)
     byte_table: jax.Array  # uint8[vocab_size, max_token_bytes]: bytes of each token id (special: none)
     byte_lengths: jax.Array  # int32[vocab_size]
+    choice_tokens: jax.Array  # int32[C]: a cell grammar's choice c as its one token (str(c)); [0] otherwise
+    reply_template: Any  # text.grammar.ReplyTemplate for constrained decoding, or None (no grammar, or it failed)
     max_msg: int  # static: length of a rendered user turn buffer
     pad_id: int
     eos_id: int
@@ -57,6 +71,7 @@ class TextTables:
     max_token_bytes: int
     prefix_length: int
     slot_names: tuple[str, ...]
+    reply_error: str = ""  # why `reply_template` is None ("" when it was built)
 
 
 def _boundary_error(tokenizer, name, left, right, texts, whole, parts) -> ValueError:
@@ -70,11 +85,13 @@ def _boundary_error(tokenizer, name, left, right, texts, whole, parts) -> ValueE
 
 
 def build_text_tables(tokenizer, spec: MessageSpec, system_prompt: str, example_replies: Sequence[str] = (),
-                      name: str = "") -> TextTables:
+                      name: str = "", grammar: ReplyGrammar | None = None) -> TextTables:
     """Tokenize every piece of `spec` with `tokenizer` (host, once), verify exactness, pad into tables.
 
     system_prompt: the system message's text; example_replies: replies in the asked-for format (the
-    generation prompt must end at a tokenization boundary before them); name: for error messages."""
+    generation prompt must end at a tokenization boundary before them); name: for error messages;
+    grammar: the env's reply grammar, for `choice_tokens` and the constrained-decoding `reply_template`
+    (None: neither; `choice_tokens` is then int32[0])."""
     from jaxrl_llm.text.tokenizer import check_tokenizer
 
     check_tokenizer(tokenizer)
@@ -130,13 +147,28 @@ def build_text_tables(tokenizer, spec: MessageSpec, system_prompt: str, example_
         byte_table[i, : len(b)] = np.frombuffer(b, np.uint8)
     byte_lengths = np.array([len(b) for b in tb], np.int32)
 
+    choice_tokens, template, reply_error = np.zeros((0,), np.int32), None, "no reply grammar was given"
+    if grammar is not None:
+        gen = int(close_piece[0])
+        try:
+            choice_tokens, template = reply_template(tokenizer, grammar, texts[gen], piece_ids[gen], byte_lengths)
+            reply_error = ""
+        except ValueError as e:
+            reply_error = f"messages {name!r}: {e}"
+            if grammar.content == "cell":
+                try:
+                    choice_tokens = choice_token_ids(tokenizer, grammar)
+                except ValueError:
+                    pass
+
     return TextTables(
         prefix=jnp.asarray(np.array(prefix, np.int32)), piece_tokens=jnp.asarray(piece_tokens),
         piece_lengths=jnp.asarray(piece_lengths), open_piece=jnp.asarray(open_piece),
         close_piece=jnp.asarray(close_piece), slot_piece=jnp.asarray(slot_piece),
-        byte_table=jnp.asarray(byte_table), byte_lengths=jnp.asarray(byte_lengths), max_msg=max_msg, pad_id=pad_id,
+        byte_table=jnp.asarray(byte_table), byte_lengths=jnp.asarray(byte_lengths),
+        choice_tokens=jnp.asarray(choice_tokens), reply_template=template, max_msg=max_msg, pad_id=pad_id,
         eos_id=eos_id, vocab_size=len(tb), max_token_bytes=max_token_bytes, prefix_length=len(prefix),
-        slot_names=tuple(slot.name for slot in spec.slots),
+        slot_names=tuple(slot.name for slot in spec.slots), reply_error=reply_error,
     )
 
 
@@ -146,7 +178,128 @@ def tables_for_env(tokenizer, env: Any, params: Any = None) -> TextTables:
     grammar = env.reply_grammar(params)
     label = f"{env.name}" + (f" ({params.prompt})" if hasattr(params, "prompt") else "")
     return build_text_tables(tokenizer, env.message_spec(params), env.system_prompt(params),
-                             grammar.example_replies, label)
+                             grammar.example_replies, label, grammar=grammar)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Constrained replies (host, once)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def reply_texts(grammar: ReplyGrammar) -> tuple[str, str]:
+    """The fixed text of a reply in `grammar`'s format around its content: (prefix, suffix).
+
+    The format tags in order, each empty, with the answer tag's content in the middle; between two tags the
+    whitespace the grammar's example replies put there (the first example holding `</a>` + whitespace +
+    `<b>`; none if no example does). Tic-Tac-Toe: ("<think></think>\\n<move>", "</move>"); Connect Four:
+    ("<think></think><move>", "</move>"); arithmetic: ("<answer>", "</answer>")."""
+    tags = list(grammar.format_tags)
+    if grammar.tag not in tags:
+        tags.append(grammar.tag)
+
+    def gap(a: str, b: str) -> str:
+        for reply in grammar.example_replies:
+            m = re.search(rf"</{re.escape(a)}>(\s*)<{re.escape(b)}>", reply)
+            if m:
+                return m.group(1)
+        return ""
+
+    parts: list[str] = []
+    for i, t in enumerate(tags):
+        if i:
+            parts.append(gap(tags[i - 1], t))
+        parts.append(f"<{t}>\0</{t}>" if t == grammar.tag else f"<{t}></{t}>")
+    prefix, suffix = "".join(parts).split("\0")
+    return prefix, suffix
+
+
+def choice_token_ids(tokenizer, grammar: ReplyGrammar) -> np.ndarray:
+    """A cell grammar's choices as token ids: int32[num_cells], entry c the one token of str(c).
+
+    Raises ValueError naming the first choice that is not a single token."""
+    if grammar.content != "cell":
+        return np.zeros((0,), np.int32)
+    if grammar.num_cells > 4096:
+        raise ValueError(f"reply grammar {grammar.tag!r}: {grammar.num_cells} choices are too many for choice tokens")
+    ids = encode_many(tokenizer, [str(c) for c in range(grammar.num_cells)])
+    for c, one in enumerate(ids):
+        if len(one) != 1:
+            raise ValueError(f"reply grammar {grammar.tag!r}: choice {c} ({str(c)!r}) is not one token but {one}, so "
+                             "a constrained reply cannot sample it as one decision")
+    return np.array([one[0] for one in ids], np.int32)
+
+
+def _one_token(tokenizer, grammar: ReplyGrammar, text: str) -> int:
+    ids = encode(tokenizer, [text])[0]
+    if len(ids) != 1:
+        raise ValueError(f"reply grammar {grammar.tag!r}: {text!r} is not one token but {ids}")
+    return ids[0]
+
+
+def reply_template(tokenizer, grammar: ReplyGrammar, gen_text: str, gen_ids: Sequence[int],
+                   byte_lengths: np.ndarray) -> tuple[np.ndarray, "reply_grammar.ReplyTemplate"]:
+    """(choice_tokens int32[C], ReplyTemplate) of `grammar` with `tokenizer`, verified (host).
+
+    gen_text / gen_ids: the generation prompt's text and ids (the reply follows them); byte_lengths:
+    int32[V] bytes of each token (tokens without bytes, the special ones, are never free text).
+    Verification: gen + prefix + content + suffix + end of turn tokenizes as a whole to gen_ids + prefix
+    ids + content ids + suffix ids + [eos], for every choice of a cell grammar and for sample contents of
+    the other kinds. For integers the content ids are the one-character tokens the sampler writes; a
+    tokenizer that merges digits ("945" as one token) would tokenize the text differently inside the
+    content: that is allowed (only the prefix and suffix must be exact), since the parser reads the
+    reply's bytes, which are the same either way. Raises ValueError naming what does not tokenize."""
+    eos_text, eos_id = tokenizer.eos_token, int(tokenizer.eos_token_id)
+    prefix_text, suffix_text = reply_texts(grammar)
+    prefix = encode(tokenizer, [prefix_text])[0] if prefix_text else []
+    suffix = encode(tokenizer, [suffix_text])[0] + [eos_id]
+    vocab = int(byte_lengths.shape[0])
+    kind = grammar.content
+    choice_tokens, minus_id = np.zeros((0,), np.int32), -1
+    if kind == "cell":
+        choice_tokens = choice_token_ids(tokenizer, grammar)
+        sets = np.zeros((1, vocab), bool)
+        sets[reply_grammar.CELL_CHOICE, choice_tokens] = True
+        contents = [(str(c), [int(t)]) for c, t in enumerate(choice_tokens)]
+        exact = True
+    elif kind == "integer":
+        digits = [_one_token(tokenizer, grammar, str(d)) for d in range(10)]
+        minus_id = _one_token(tokenizer, grammar, "-")
+        if suffix[0] in digits or suffix[0] == minus_id:
+            raise ValueError(f"reply grammar {grammar.tag!r}: the suffix {suffix_text!r} starts with a digit token")
+        sets = np.zeros((3, vocab), bool)
+        sets[reply_grammar.INT_START, digits + [minus_id]] = True
+        sets[reply_grammar.INT_DIGIT, digits] = True
+        sets[reply_grammar.INT_DIGIT_OR_END, digits + [suffix[0]]] = True
+        n = grammar.max_digits
+        samples = ["0", "7", "-3", "45", "-" + "9" * n, "1234567890"[:n], "-" + "0" * n]
+        contents = [(c, [digits[int(ch)] if ch != "-" else minus_id for ch in c]) for c in samples]
+        exact = False
+    else:
+        sets = (np.asarray(byte_lengths) > 0)[None, :].copy()
+        sets[:, eos_id] = False
+        contents = [("yes", encode(tokenizer, ["yes"])[0])]
+        exact = True
+    wholes = encode_many(tokenizer, [gen_text + prefix_text + c + suffix_text + eos_text for c, _ in contents])
+    head, tail = list(gen_ids) + prefix, suffix
+    for (c, ids), got in zip(contents, wholes):
+        want = head + ids + tail
+        ok = got == want if exact else (got[: len(head)] == head and got[len(got) - len(tail):] == tail)
+        if not ok:
+            raise ValueError(
+                f"reply grammar {grammar.tag!r}: the constrained reply {prefix_text + c + suffix_text!r} after the "
+                f"generation prompt tokenizes as {got} as a whole but as {want} piece by piece (prefix, content, "
+                "suffix): its fixed text is not cut at tokenization boundaries")
+    template = reply_grammar.ReplyTemplate(
+        prefix=jnp.asarray(np.array(prefix, np.int32).reshape(-1)), suffix=jnp.asarray(np.array(suffix, np.int32)),
+        sets=jnp.asarray(sets), kind=kind, max_digits=int(grammar.max_digits), minus_id=int(minus_id))
+    return choice_tokens, template
+
+
+def require_reply_template(tables: TextTables) -> "reply_grammar.ReplyTemplate":
+    """The tables' reply template for constrained decoding, or ValueError saying why there is none."""
+    if tables.reply_template is None:
+        raise ValueError(f"constrained replies are not available: {tables.reply_error or 'no reply template'}")
+    return tables.reply_template
 
 
 def _verify(tokenizer, spec: MessageSpec, name, texts, piece_ids, prefix_text, prefix, eos_id, open_piece,

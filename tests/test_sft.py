@@ -821,3 +821,19 @@ def test_legal_choices_protocol():
     arithmetic = make("arithmetic")
     assert arithmetic.legal_choices(None, arithmetic.params) is None
     assert arithmetic.num_legal_choices(None, arithmetic.params) is None
+
+
+def test_last_turn_share_takes_the_games_last_turn():
+    """last_turn_share = 1: every position is its game's last X turn (the same games as share 0, so the turn is
+    the largest a row of that game can show, and the mean number of free cells drops); only for positions."""
+    kwargs = dict(num_games=200, layout="positions", reasoning="none", explore_prob=1.0, opponent_p_min=1.0)
+    key = jax.random.PRNGKey(6)
+    uniform = teacher.Teacher(**kwargs).rows(key, "tiny", 8)
+    last = teacher.Teacher(last_turn_share=1.0, **kwargs).rows(key, "tiny", 8)
+    games = teacher.generate_expert_games(key, 200, teacher_random_move_prob=1.0, opponent_p_range=(1.0, 1.0))
+    assert [r["info"]["turn"] for r in last] == [int(n) - 1 for n in games.num_moves]
+    assert all(a["info"]["turn"] <= b["info"]["turn"] for a, b in zip(uniform, last))
+    free = [np.mean([len(r["info"]["legal_choices"][0]) for r in rows]) for rows in (uniform, last)]
+    assert free[1] < free[0] - 1
+    with pytest.raises(ValueError, match="last_turn_share"):
+        teacher.Teacher(last_turn_share=0.5)

@@ -314,10 +314,9 @@ def test_fresh_start_warning(tmp_path):
     assert "freshly initialised" in fresh_start_warning(config)
     (tmp_path / "sft" / "3").mkdir(parents=True)
     assert fresh_start_warning(config) is None  # an SFT checkpoint of this run: GRPO starts from it
-    constrained = load_config(ROOT / "experiments" / "presets" / "tiny_test.toml",
-                              [*base[:1], f'run.output_dir="{tmp_path / "b"}"', "sampling.constrained=true",
-                               "grpo.1.sampling.constrained=true"])
-    assert fresh_start_warning(constrained) is None
+    init = load_config(ROOT / "experiments" / "presets" / "tiny_test.toml",
+                       [*base[:1], f'run.output_dir="{tmp_path / "b"}"', f'model.init_from="{ROOT}/experiments/checkpoints/cpu"'])
+    assert fresh_start_warning(init) is None  # a pretrained model
 
 
 def test_plan_compiles_the_lora_update():

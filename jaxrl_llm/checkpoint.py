@@ -220,10 +220,17 @@ def env_record(config: Any) -> dict[str, Any]:
 
 
 def same_env(saved: dict[str, Any], mine: dict[str, Any]) -> bool:
-    """Whether two env records name the same env: the same name, or (both recorded) the same class."""
+    """Whether a saved env record names the env of `mine` (this config's record): the same name, or the saved
+    name (an entry point or a class path) resolves here to this config's class. A saved name that does not
+    resolve here is another env."""
     if saved.get("name") == mine.get("name"):
         return True
-    return bool(saved.get("class")) and saved.get("class") == mine.get("class")
+    try:
+        from envs.core import class_path, env_class
+
+        return bool(mine.get("class")) and class_path(env_class(saved.get("name"))) == mine["class"]
+    except Exception:  # noqa: BLE001 - unknown or unimportable: not this env
+        return False
 
 
 def _config_meta(config: Any) -> dict[str, Any]:

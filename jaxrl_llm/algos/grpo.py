@@ -120,7 +120,7 @@ class GrpoConfig:
     temperature: float = dataclasses.field(default=1.0, metadata=NOT_IN_TOML)
     compute_entropy: bool = True
     skip_zero_advantage: bool = True
-    length_buckets: int = 8
+    length_buckets: int = 4
     logits_at_loss_only: bool = True
     loss_on: str = "reply"
     advantage: str = "episode"
@@ -509,10 +509,13 @@ def grpo_update_step(
     advantages over loss tokens); frac_zero_std_groups (groups whose rewards are all equal) and
     frac_groups_with_spread (the others); num_tokens (loss tokens of the batch); loss_tokens_cut (loss
     tokens past the K slots of `logits_at_loss_only`, 0 when max_completion_tokens bounds them).
-    With decision_mask, from a no-grad forward at the decision tokens before the update and one after it:
-    decision_policy_change (mean |log pi_after - log pi_before| of the sampled decision tokens),
-    decision_entropy (before), decision_tokens; with choice_legal, illegal_choice_prob (before: the
-    probability mass on the illegal choices' tokens at the decision tokens).
+    With decision_mask: decision_tokens; decision_policy_change, the mean |log pi_after - log pi_before|
+    of the sampled decision tokens, pi_after from one no-grad forward after the whole update (at the
+    decision positions' buckets), pi_before the sampler's log-probs (the same params, the same temperature:
+    the trajectory was sampled from the policy before this update); decision_entropy, and with
+    choice_legal illegal_choice_prob (the probability mass on the illegal choices' tokens), over the
+    decision tokens from the update's own forwards (each minibatch's before its optimizer step; rows a
+    skip did not compute are not in them; NaN when none was computed).
     """
     tokens = jnp.asarray(tokens, jnp.int32)
     loss_mask = jnp.asarray(loss_mask, jnp.float32)
@@ -593,20 +596,26 @@ def grpo_update_step(
     if use_ref:  # once per update, without gradient
         data["ref"] = by_chunks(ref_params, lambda logits, c: (_picked_logprobs(logits, c["target"]),), {})[0]
     decision = None
-    if decision_mask is not None:
-        decision = at(decision_mask) * valid
-        extra = {} if choice_legal is None else {"legal": at(choice_legal)}
+    sum_keys = _SUM_KEYS
+    if decision_mask is not None:  # the decision metrics' sums ride along the training forwards
+        decision = data["decision"] = at(decision_mask) * valid
+        sum_keys += ("dec_n", "dec_entropy")
+        if choice_legal is not None:
+            data["legal"] = at(choice_legal)
+            sum_keys += ("dec_illegal",)
 
-        def decision_stats(logits, c):
-            logp = _picked_logprobs(logits, c["target"])
-            out = (logp, _entropy(logits))
-            if choice_legal is not None:
-                logz = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
-                p_choice = jnp.exp(logits[..., choice_tokens] - logz)  # [R, kb, C]
-                out += (jnp.sum(jnp.where(c["legal"], 0.0, p_choice), axis=-1),)
-            return out
-
-        before = by_chunks(view(params), decision_stats, extra)
+    def decision_sums(logits, micro, cut) -> dict:
+        """Entropy and illegal-choice mass summed over a micro-batch's decision slots (no gradient)."""
+        if decision is None:
+            return {}
+        logits = jax.lax.stop_gradient(logits)
+        d = cut(micro["decision"])
+        out = {"dec_n": jnp.sum(d), "dec_entropy": jnp.sum(d * _entropy(logits))}
+        if choice_legal is not None:
+            logz = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+            p_choice = jnp.exp(logits[..., choice_tokens] - logz)  # [R, kb, C]
+            out["dec_illegal"] = jnp.sum(d * jnp.sum(jnp.where(cut(micro["legal"]), 0.0, p_choice), axis=-1))
+        return out
 
     def micro_branch(lb, p, micro, token_count, drop_key):
         """(loss, sums), grads of one micro-batch at bucket length lb."""
@@ -618,16 +627,17 @@ def grpo_update_step(
             logits = policy_at(policy, micro["tokens"][:, :lb], micro["pos"], kb)
             ent = _entropy(logits) if config.compute_entropy else None
             adv = micro["adv"] if micro["adv"].ndim == 1 else cut(micro["adv"])
-            return _loss_and_sums(_picked_logprobs(logits, cut(micro["target"])), cut(micro["sampler"]),
-                                  cut(micro["ref"]) if use_ref else None, adv, cut(micro["mask"]), config,
-                                  token_count, mb_rows, ent)
+            loss, sums = _loss_and_sums(_picked_logprobs(logits, cut(micro["target"])), cut(micro["sampler"]),
+                                        cut(micro["ref"]) if use_ref else None, adv, cut(micro["mask"]), config,
+                                        token_count, mb_rows, ent)
+            return loss, {**sums, **decision_sums(logits, micro, cut)}
 
         return jax.value_and_grad(loss_fn, has_aux=True)(p)
 
     skip = config.skip_zero_advantage and not use_ref
 
     def zero_grads(p, micro, token_count, drop_key):
-        return ((jnp.zeros((), jnp.float32), {k: jnp.zeros((), jnp.float32) for k in _SUM_KEYS}),
+        return ((jnp.zeros((), jnp.float32), {k: jnp.zeros((), jnp.float32) for k in sum_keys}),
                 jax.tree_util.tree_map(jnp.zeros_like, p))
 
     def micro_grads(p, micro, token_count, drop_key):
@@ -662,7 +672,7 @@ def grpo_update_step(
                 # Every micro-batch is normalised by the minibatch's totals: summing is the exact mean.
                 return jax.tree_util.tree_map(jnp.add, acc, (loss, sums, grads)), None
 
-            zeros = (jnp.zeros((), jnp.float32), {k: jnp.zeros((), jnp.float32) for k in _SUM_KEYS},
+            zeros = (jnp.zeros((), jnp.float32), {k: jnp.zeros((), jnp.float32) for k in sum_keys},
                      jax.tree_util.tree_map(jnp.zeros_like, p))
             (loss, sums, grads), _ = jax.lax.scan(accumulate, zeros, (micros, jax.random.split(mb_key, n_acc)))
         grad_norm = global_norm(grads)
@@ -674,6 +684,7 @@ def grpo_update_step(
         metrics = _finish_metrics(sums, config.compute_entropy)
         metrics.pop("num_tokens")
         metrics.update(loss=loss, grad_norm=grad_norm, optimizer_step=stepped.astype(jnp.float32))
+        metrics.update({k: v for k, v in sums.items() if k.startswith("dec_")})
         rate = applied_learning_rate(new_o)
         if rate is not None:
             metrics["learning_rate"] = jnp.where(stepped, jnp.asarray(rate, jnp.float32), 0.0)
@@ -692,6 +703,7 @@ def grpo_update_step(
     (params, opt_state), steps = jax.lax.scan(one_pass, (params, opt_state), jax.random.split(key, config.passes))
     taken = jnp.sum(steps.pop("optimizer_step"))
     rate = steps.pop("learning_rate", None)
+    dec = {k: jnp.sum(steps.pop(k)) for k in list(steps) if k.startswith("dec_")}
     metrics = {k: jnp.mean(v) for k, v in steps.items()}
     if rate is not None:
         metrics["learning_rate"] = jnp.sum(rate) / jnp.maximum(taken, 1.0)
@@ -717,16 +729,17 @@ def grpo_update_step(
         num_tokens=jnp.sum(loss_mask),
         loss_tokens_cut=jnp.sum(loss_mask) - jnp.sum(slot_mask),
     )
-    if decision is not None:
+    if decision is not None:  # one no-grad forward after the update; before = the sampler's log-probs
         after = by_chunks(view(params), lambda logits, c: (_picked_logprobs(logits, c["target"]),), {})[0]
         n_dec = jnp.maximum(jnp.sum(decision), 1.0)
+        seen = jnp.where(dec["dec_n"] > 0, dec["dec_n"], jnp.nan)  # NaN when every micro-batch skipped
         metrics.update(
             decision_tokens=jnp.sum(decision),
-            decision_policy_change=jnp.sum(decision * jnp.abs(after - before[0])) / n_dec,
-            decision_entropy=jnp.sum(decision * before[1]) / n_dec,
+            decision_policy_change=jnp.sum(decision * jnp.abs(after - data["sampler"])) / n_dec,
+            decision_entropy=dec["dec_entropy"] / seen,
         )
         if choice_legal is not None:
-            metrics["illegal_choice_prob"] = jnp.sum(decision * before[2]) / n_dec
+            metrics["illegal_choice_prob"] = dec["dec_illegal"] / seen
     return params, opt_state, metrics
 
 

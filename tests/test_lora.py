@@ -133,7 +133,7 @@ def test_gradients_reach_only_the_adapters(base):
     optimizer = make_optimizer(OptimConfig(learning_rate=1e-2, total_steps=4))
     opt_state = optimizer.init(adapters)
     n_adapter = sum(x.size for x in jax.tree_util.tree_leaves(adapters))
-    assert sum(x.size for x in jax.tree_util.tree_leaves(opt_state)) - 2 * n_adapter in range(1, 4)  # Adam mu, nu; counts
+    assert sum(x.size for x in jax.tree_util.tree_leaves(opt_state)) - 2 * n_adapter in range(1, 8)  # Adam mu, nu; counts and the injected hyper-parameters (scalars)
     step = sft.make_sft_step(module, optimizer)
     tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 12), 0, CFG.vocab_size)
     mask = jnp.ones((2, 12), jnp.float32)
@@ -159,7 +159,7 @@ def test_gradients_reach_only_the_adapters(base):
     new, new_opt, metrics = update(fresh, grpo_opt.init(fresh), base, rows, loss_mask, sampler, rewards,
                                    jax.random.PRNGKey(4), base)
     assert jax.tree_util.tree_structure(new) == jax.tree_util.tree_structure(fresh)
-    assert sum(x.size for x in jax.tree_util.tree_leaves(new_opt)) - 2 * n_adapter in range(1, 4)
+    assert sum(x.size for x in jax.tree_util.tree_leaves(new_opt)) - 2 * n_adapter in range(1, 8)
     assert float(metrics["kl"]) == 0.0 and float(metrics["grad_norm"]) > 0
     assert any(np.abs(np.asarray(ab["lora_b"])).max() > 0 for ab in lora.flat_adapters(new).values())
     assert _tree_equal(base, base_copy)

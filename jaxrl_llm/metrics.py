@@ -71,7 +71,11 @@ PLOT_KEYS = (
     "kl",
     "entropy",
     "grad_norm",
-    "lr",
+    "learning_rate",
+    "decision_policy_change",
+    "decision_entropy",
+    "illegal_choice_prob",
+    "frac_groups_with_spread",
     "reply_length",
     "loss",
 )

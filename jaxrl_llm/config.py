@@ -502,11 +502,6 @@ class GrpoStage(_Section):
         if self.sampling.max_new_tokens >= self.rollout.context_length:
             raise ConfigError(f"must be below the stage's context length {self.rollout.context_length}",
                               ("sampling", "max_new_tokens"))
-        if self.sampling.constrained:  # remove once grpo_update_step restricts the content tokens' logits
-            raise ConfigError("constrained replies are not trained yet: the update must recompute a content "
-                              "token's log-prob over its allowed set (generate.restrict_logits with "
-                              "Trajectory.choice_set), as the sampler records it; use it in [eval.sampling]",
-                              ("sampling", "constrained"))
         self.grpo_config()  # the effective loss config must be valid too
 
     @property

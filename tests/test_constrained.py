@@ -22,7 +22,6 @@ import reference_grammar as rg
 from envs.core import ReplyGrammar
 from jaxrl_llm import rollout as ro
 from jaxrl_llm import text
-from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.config import loads_config
 from jaxrl_llm.generate import SamplingConfig, decode, lfm2_model_fn, restrict_logits
 from jaxrl_llm.text import grammar as gm
@@ -103,10 +102,9 @@ def test_constrained_option_in_toml_and_its_check():
     config = loads_config("[sampling]\nconstrained = true\n[eval.sampling]\nconstrained = true\n")
     assert config.sampling.constrained and config.eval.sampling.constrained and config.eval.sampling.greedy
     assert not loads_config("").sampling.constrained
-    # not for GRPO stages until the update restricts the content tokens' logits as the sampler does
-    with pytest.raises(ConfigError, match="constrained replies are not trained yet") as e:
-        loads_config("[[grpo]]\nsteps = 1\n[grpo.sampling]\nconstrained = true\n")
-    assert "constrained" in str(e.value)
+    # GRPO stages train on them (the update restricts the content tokens' logits as the sampler does)
+    assert loads_config("[[grpo]]\nsteps = 1\n[grpo.sampling]\nconstrained = true\n").grpo[0].sampling.constrained
+    assert loads_config("[sampling]\nconstrained = true\n[[grpo]]\nsteps = 1\n").grpo[0].sampling.constrained
     with pytest.raises(Exception, match="constrained"):
         SamplingConfig(constrained=1)
 

@@ -30,7 +30,7 @@ import optax
 
 from jaxrl_llm.algos.optim import applied_learning_rate, global_norm
 from jaxrl_llm.checks import ConfigError, check_choice, check_float, check_int
-from jaxrl_llm.generate.sampler import NOT_IN_TOML
+from jaxrl_llm.generate.sampler import NOT_IN_TOML, restrict_logits
 from models import lora
 
 LOSS_TYPES = ("token-mean", "sequence-mean-token-mean", "dr-grpo")
@@ -434,9 +434,20 @@ def _check_batch(config: GrpoConfig, tokens, loss_mask, sampler_logprobs, reward
         )
 
 
-def _check_extras(config: GrpoConfig, shape, advantages, decision_mask, choice_legal, choice_tokens):
-    """The optional per-token inputs of `grpo_update_step`, as float32 / bool / int32 arrays (or None)."""
+def _check_extras(config: GrpoConfig, shape, advantages, decision_mask, choice_legal, choice_tokens,
+                  choice_set=None, choice_sets=None):
+    """The optional per-token inputs of `grpo_update_step`, as float32 / bool / int32 / int8 arrays (or None)."""
     batch, length = shape
+    if (choice_set is None) != (choice_sets is None):
+        raise ValueError("choice_set (the trajectory's, int8[B, L]) and choice_sets (bool[K, V], "
+                         "tables.reply_template.sets) go together: constrained replies need both")
+    if choice_set is not None:
+        choice_set = jnp.asarray(choice_set, jnp.int8)
+        choice_sets = jnp.asarray(choice_sets, bool)
+        if choice_set.shape != (batch, length):
+            raise ValueError(f"choice_set must be int8[{batch}, {length}], got shape {choice_set.shape}")
+        if choice_sets.ndim != 2:
+            raise ValueError(f"choice_sets must be bool[K, V], got shape {choice_sets.shape}")
     if advantages is not None:
         advantages = jnp.asarray(advantages, jnp.float32)
         if advantages.shape not in ((batch,), (batch, length)):
@@ -458,7 +469,7 @@ def _check_extras(config: GrpoConfig, shape, advantages, decision_mask, choice_l
                              f"choice_tokens), got shape {choice_legal.shape}")
         if choice_tokens.shape[0] == 0:
             choice_legal = choice_tokens = None
-    return advantages, decision_mask, choice_legal, choice_tokens
+    return advantages, decision_mask, choice_legal, choice_tokens, choice_set, choice_sets
 
 
 def grpo_update_step(
@@ -479,6 +490,8 @@ def grpo_update_step(
     decision_mask: jax.Array | None = None,
     choice_legal: jax.Array | None = None,
     choice_tokens: jax.Array | None = None,
+    choice_set: jax.Array | None = None,
+    choice_sets: jax.Array | None = None,
 ):
     """One GRPO update (traceable; `make_grpo_update` jits it) -> (params, opt_state, metrics).
 
@@ -494,7 +507,12 @@ def grpo_update_step(
       decision_mask float32[B, L]: 1 on the tokens that carry the reply grammar's content; the loss mask
         with `GrpoConfig.loss_on = "decision"`, and the decision metrics below;
       choice_legal bool[B, L, C] with choice_tokens int32[C]: at each position, which choices are legal,
-        and the token that spells each (`TextTables.choice_tokens`); for `illegal_choice_prob`.
+        and the token that spells each (`TextTables.choice_tokens`); for `illegal_choice_prob`;
+      choice_set int8[B, L] with choice_sets bool[K, V] (constrained replies: `Trajectory.choice_set` and
+        `tables.reply_template.sets`): a token with choice_set[b, t] = k >= 0 was sampled from the logits
+        restricted to set k, so its log-prob is recomputed the same way: the logits that predict it are
+        `generate.restrict_logits`-ed (-inf outside the set) before the log-softmax, in the policy's, the
+        reference's and the decision metrics' forwards alike.
     Runs passes * num_minibatches optimizer steps; each minibatch's loss is `grpo_loss` over its rows (its
     own token count / row count as normalisers, shared by its micro-batches, so accumulation is exact).
     A minibatch without signal (beta = 0 and every advantage on its loss tokens 0) takes no optimizer step:
@@ -522,8 +540,8 @@ def grpo_update_step(
     sampler_logprobs = jnp.asarray(sampler_logprobs, jnp.float32)
     rewards = jnp.asarray(rewards, jnp.float32)
     _check_batch(config, tokens, loss_mask, sampler_logprobs, rewards)
-    advantages, decision_mask, choice_legal, choice_tokens = _check_extras(
-        config, tokens.shape, advantages, decision_mask, choice_legal, choice_tokens)
+    advantages, decision_mask, choice_legal, choice_tokens, choice_set, choice_sets = _check_extras(
+        config, tokens.shape, advantages, decision_mask, choice_legal, choice_tokens, choice_set, choice_sets)
     use_ref = config.beta > 0
     if use_ref and ref_params is None:
         raise ValueError("GrpoConfig.beta > 0 needs ref_params (the frozen reference model)")
@@ -563,11 +581,16 @@ def grpo_update_step(
     need = real_lengths(loss_mask)
     data = {"tokens": tokens, "pos": positions, "target": at(tokens), "mask": slot_mask, "sampler": at(sampler_logprobs),
             "adv": token_adv, "need": need, "signal": jnp.any((adv_2d != 0) & (slot_mask > 0), axis=1)}
+    restricted = choice_set is not None
+    if restricted:  # the allowed set of each slot's token (-1: the whole vocabulary)
+        data["cset"] = at(choice_set)
 
-    def policy_at(policy, tok, pos, kb):
+    def policy_at(policy, tok, pos, kb, cset=None):
         """Slot logits of micro-batch rows (tokens cut to their bucket, the first kb slots); policy: the
-        params `module.apply` takes (with LoRA, joined)."""
-        return slot_logits(module, policy, tok, pos[:, :kb] if gather else None, config.temperature)
+        params `module.apply` takes (with LoRA, joined); cset int8[R, kb]: the slots' allowed sets (the
+        logits restricted to them, as the sampler's; restricting after the temperature is the same)."""
+        logits = slot_logits(module, policy, tok, pos[:, :kb] if gather else None, config.temperature)
+        return restrict_logits(logits, cset, choice_sets) if cset is not None else logits
 
     def view(p):  # the policy's apply params (LoRA: joined to the frozen base, no dropout)
         return p if frozen is None else lora.join(frozen, p)
@@ -578,11 +601,13 @@ def grpo_update_step(
         order = jnp.argsort(need)
         inverse = jnp.argsort(order)
         parts = {"tokens": tokens, "pos": positions, "target": data["target"], "need": need, **extra}
+        if restricted:
+            parts["cset"] = data["cset"]
         chunks = {k: v[order].reshape((-1, micro_rows) + v.shape[1:]) for k, v in parts.items()}
 
         def branch(lb, c):
             kb = min(slots, lb)
-            logits = policy_at(policy, c["tokens"][:, :lb], c["pos"], kb)
+            logits = policy_at(policy, c["tokens"][:, :lb], c["pos"], kb, c["cset"][:, :kb] if restricted else None)
             outs = fn(logits, {k: v[:, :kb] for k, v in c.items() if k != "tokens" and k != "need"})
             return tuple(jnp.pad(o, ((0, 0), (0, slots - kb)) + ((0, 0),) * (o.ndim - 2)) for o in outs)
 
@@ -624,7 +649,8 @@ def grpo_update_step(
 
         def loss_fn(p):
             policy = p if frozen is None else lora.join(frozen, p, drop_key)
-            logits = policy_at(policy, micro["tokens"][:, :lb], micro["pos"], kb)
+            logits = policy_at(policy, micro["tokens"][:, :lb], micro["pos"], kb,
+                               cut(micro["cset"]) if restricted else None)
             ent = _entropy(logits) if config.compute_entropy else None
             adv = micro["adv"] if micro["adv"].ndim == 1 else cut(micro["adv"])
             loss, sums = _loss_and_sums(_picked_logprobs(logits, cut(micro["target"])), cut(micro["sampler"]),

@@ -404,5 +404,5 @@ def fresh_start_warning(config: ExperimentConfig) -> str | None:
             "reward, the groups have no spread and GRPO rarely learns anything. Start from a model that already "
             "answers in the env's format: run `jaxrl-llm sft` first (the env's teacher, or sft.dataset = a JSONL "
             "of prompt/completion rows, see the README), set model.init_from to a pretrained Hugging Face folder, "
-            "or, once GRPO trains on them, constrain the replies to the env's grammar ([sampling] constrained = "
+            "or constrain the replies to the env's grammar ([sampling] constrained = "
             "true) so that every reply is a well-formed move from the first step")

@@ -24,6 +24,7 @@ from jaxrl_llm.config import ExperimentConfig
 from jaxrl_llm.log_sinks import close_sinks, open_sinks
 from jaxrl_llm.metrics import MetricsWriter, Progress, log_name, metric_kind, read_metrics
 from jaxrl_llm.rollout import Trajectory, games_text, make_rollout, model_policy, rollout, write_games_jsonl
+from jaxrl_llm.text import require_reply_template
 from jaxrl_llm.train.components import (Components, base_params, build, initial_policy, kill_point, make_mesh,
                                         policy_view, replicate, sft_trainable, shard_params, trainable_target)
 from models import lora
@@ -91,6 +92,8 @@ def make_grpo_step(comp: Components, stage: int, mesh=None):
     optimizer = make_optimizer(s.optim_config())
     sconf = comp.sampling_config(s.sampling)
     env, model_fn = comp.env, comp.model_fn
+    # Constrained replies: the update recomputes the content tokens' log-probs over their allowed sets.
+    sets = require_reply_template(comp.tables).sets if sconf.constrained else None
 
     def step(params, opt_state, ref_params, key, frozen=None):
         k_examples, k_rollout, k_update = jax.random.split(key, 3)
@@ -108,6 +111,7 @@ def make_grpo_step(comp: Components, stage: int, mesh=None):
             comp.module, optimizer, gcfg, params, opt_state, ref_params,
             traj.tokens, traj.loss_mask, traj.logprobs, traj.reward, k_update, frozen=frozen,
             **decision_inputs(traj, comp.tables), **advantage_inputs(gcfg, traj),
+            **({} if sets is None else {"choice_set": traj.choice_set, "choice_sets": sets}),
         )
         metrics.update(advantage_metrics(gcfg, traj))
         metrics.update(rollout_metrics(traj, env.metric_kinds))

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = [
     ("cpu_exploit", "cpu_exploit.toml", "cpu_exploit"),
     ("cpu_from_reward", "cpu_from_reward.toml", "cpu_from_reward"),
+    ("seed_recipe", "seed_recipe.toml", "seed_recipe"),
 ]
 
 

@@ -8,16 +8,26 @@ scored by the spec's rubric:
     format   the mean of the replies' format flags, x format_weight (0.2)
     invalid  invalid_penalty (-0.1) once if any reply was an invalid move, x invalid_weight (1)
 
-`BoardGameEnv` implements the protocol's text, rubric and metric methods from three class attributes:
+Both games play against the same kind of opponent: with probability p a uniformly random legal move, else
+the game's own strong move. So they share
+
+    Stage        `OpponentStage(p_min, p_max)`: p stratified over [p_min, p_max] (a game's Stage extends it)
+    Params       `RubricParams`: the rubric's values and weights above (a game's Params extends it)
+    examples     `Example(seed, random_move_prob, ...)`: `sample_examples` draws one seed and one p per prompt
+                 (`stratified_strengths`, the game's), each repeated group_size times; `eval_examples` draws p
+                 uniformly in the stage's range; `example_metrics` the mean p
+
+`BoardGameEnv` implements the protocol's data, text, rubric and metric methods from four class attributes:
 `game` (a module with reset/step, OUTCOME_WIN / DRAW / LOSS, NO_MOVE and INVALID_MOVE, a `State` with
 `done`, `outcome`, `invalid_moves` and `missing_moves`), `text` (a module with system_prompt(preset),
-message_spec(preset) and message_codes(state)) and `grammar` (the `ReplyGrammar`). A game adds its data
-(examples, eval settings), its dynamics and `legal_moves(state) -> bool[num_moves]`, which also gives
-`random_reply` (a uniformly random legal move; the demo and the random baselines use it).
+message_spec(preset) and message_codes(state)), `grammar` (the `ReplyGrammar`) and `Example`. A game adds its
+stratification, eval settings, dynamics (`reset`, `transition`) and `legal_moves(state) -> bool[num_moves]`,
+which also gives `random_reply` (a uniformly random legal move; the demo and the random baselines use it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from types import ModuleType
 from typing import Any, ClassVar
 
@@ -25,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from envs.core import Env, Episode, ParsedReply, ReplyGrammar, RubricPart, hash_leaves
-from jaxrl_llm.checks import check_float
+from jaxrl_llm.checks import ConfigError, check_float, check_probability
 
 RUBRIC_VALUES = ("win_value", "draw_value", "loss_value")
 RUBRIC_WEIGHTS = ("win_weight", "format_weight", "invalid_weight")
@@ -38,6 +48,39 @@ def check_rubric(params: Any) -> None:
     check_float(params, "invalid_penalty", high=0.0)
     for name in RUBRIC_WEIGHTS:
         check_float(params, name, low=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpponentStage:
+    """A curriculum stage of a board game: the opponent's random-move probability p is stratified over
+    [p_min, p_max] (p = 1 a uniformly random opponent, p = 0 the game's strongest)."""
+
+    p_min: float = 0.0
+    p_max: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_probability(self, "p_min")
+        check_probability(self, "p_max")
+        if self.p_min > self.p_max:
+            raise ConfigError(f"must be <= p_max (got p_min {self.p_min} > p_max {self.p_max})", ("p_min",),
+                              type(self).__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class RubricParams:
+    """The rubric's fields of a board game's Params: the win part's values (win / draw / loss or
+    unfinished), the invalid penalty (<= 0, once per game with an invalid move) and the three weights."""
+
+    win_value: float = 1.0
+    draw_value: float = 0.5
+    loss_value: float = 0.0
+    invalid_penalty: float = -0.1
+    win_weight: float = 1.0
+    format_weight: float = 0.2
+    invalid_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_rubric(self)
 
 
 def move_code(reply: ParsedReply, no_move: int, invalid_move: int) -> jax.Array:
@@ -57,14 +100,53 @@ def outcome_metrics(outcome: jax.Array, done: jax.Array, game: ModuleType) -> di
 
 class BoardGameEnv(Env):
     """The shared half of a board game env (see the module docstring); subclasses set `game`, `text`,
-    `grammar` and implement the data, the dynamics and `legal_moves`."""
+    `grammar`, `Example` and implement `stratified_strengths`, the eval settings, the dynamics and
+    `legal_moves`."""
 
     game: ClassVar[ModuleType]
     text: ClassVar[ModuleType]
     grammar: ClassVar[ReplyGrammar]
+    Example: ClassVar[type]  # a NamedTuple whose first fields are seed (uint32) and random_move_prob (f32)
     final_message = True
     results_columns = (("W", "win"), ("D", "draw"), ("L", "loss"), ("format", "format"), ("invalid", "invalid"))
     outcome_metrics = ("win", "draw", "loss", "unfinished")
+
+    # ---- data ----
+    def stratified_strengths(self, key: jax.Array, num_prompts: int, group_size: int,
+                             stage: OpponentStage) -> tuple[jax.Array, jax.Array]:
+        """(seeds uint32[num_prompts * group_size], p f32[same]): one seed and one p per prompt, p stratified
+        over the stage's range, each prompt repeated group_size times consecutively (the game's own draw)."""
+        raise NotImplementedError
+
+    def check_stage(self, stage: OpponentStage) -> None:
+        """Raises ConfigError for a stage these params cannot play (default: every stage is playable)."""
+
+    def example(self, seeds: jax.Array, probs: jax.Array, stage: OpponentStage) -> Any:
+        """The `Example` of seeds and opponent p's (uint32[N], f32[N]) in `stage` (a game adds its fields)."""
+        return self.Example(seeds, probs)
+
+    def sample_examples(self, key: jax.Array, num_prompts: int, group_size: int, stage: OpponentStage) -> Any:
+        """Stratified opponent strengths over the stage's range, each prompt repeated group_size times."""
+        self.check_stage(stage)
+        seeds, probs = self.stratified_strengths(key, num_prompts, group_size, stage)
+        return self.example(seeds, probs, stage)
+
+    def eval_examples(self, key: jax.Array, num_games: int, stage: OpponentStage) -> Any:
+        """Seeds drawn directly from `key`; p uniform in the stage's range (constant for a point range)."""
+        self.check_stage(stage)
+        seeds = jax.random.bits(key, (num_games,), jnp.uint32)
+        if stage.p_min == stage.p_max:
+            probs = jnp.full((num_games,), stage.p_min, jnp.float32)
+        else:
+            probs = jax.random.uniform(jax.random.fold_in(key, 1), (num_games,), jnp.float32, stage.p_min,
+                                       stage.p_max)
+        return self.example(seeds, probs, stage)
+
+    def example_metrics(self, examples: Any) -> dict[str, jax.Array]:
+        """Batch figures of the examples themselves: the mean opponent p."""
+        return {"p_mean": jnp.mean(examples.random_move_prob)}
+
+    # ---- dynamics ----
 
     def done(self, state: Any) -> jax.Array:
         return state.done

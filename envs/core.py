@@ -14,9 +14,11 @@ What an environment provides (shapes are per game; vmap over a leading batch axi
                   (each prompt repeated `group_size` times consecutively: the rows of a GRPO group).
               `eval_examples(key, num_games, stage) -> Example [num_games]` (default: groups of one).
               `eval_settings() -> (EvalSetting(name, stage), ...)`: what `jaxrl-llm eval` measures.
-  dynamics    `reset(example, params) -> State` and `step(state, reply: ParsedReply, params) -> State`;
-              a scripted opponent lives inside `step`. `done(state) -> bool[]`: the game is over. A
-              done state must come back from `step` unchanged. Turn limits are not the env's business:
+  dynamics    `reset(example, params) -> State` and `transition(state, reply: ParsedReply, params) -> State`
+              (the rules of a live game; a scripted opponent lives inside it). `done(state) -> bool[]`:
+              the game is over. `Env.step` is `transition` with the protocol's one shared rule, written
+              here once as in pgx's `Env.step`: a done state comes back unchanged (`keep_finished`; an
+              env that overrides `step` itself must keep it). Turn limits are not the env's business:
               the rollout stops a game after `max_turns` replies (or when its context is full).
   text        `system_prompt(params) -> str` (host) and `message_spec(params) -> MessageSpec` (host):
               the env's messages as slots of finite piece tables; `message_codes(state, params) ->
@@ -36,7 +38,7 @@ What an environment provides (shapes are per game; vmap over a leading batch axi
               checks that every other metric is in [0, 1].
   optional    `Teacher` + `demonstrations(teacher, key, params, max_turns) -> rows`, `has_check_rows` /
               `check_rows(teacher, params)`: SFT data as prompt/completion rows and an exactness check;
-              `human: HumanPlay | None` for `jaxrl-llm play`; `random_reply(key, state, params) ->
+              `random_reply(key, state, params) ->
               ParsedReply`: a random reply for baselines and `jaxrl-llm demo` (default: a uniform value of
               the reply grammar; a game overrides it with a uniformly random legal move);
               `tokenizer_corpus(params) -> [str]` (host): text to train a project tokenizer on;
@@ -47,6 +49,8 @@ What an environment provides (shapes are per game; vmap over a leading batch axi
               uint32[]` the key of the state a turn is played from (default a hash of every leaf).
 
 `Episode` is what the rollout knows about a game that the env does not (format score, replies, cuts).
+Terminal play (`jaxrl-llm play`) is not part of the protocol: its hooks live beside the CLI
+(`jaxrl_llm.cli.human`).
 """
 
 from __future__ import annotations
@@ -63,7 +67,6 @@ __all__ = [
     "Env",
     "Episode",
     "EvalSetting",
-    "HumanPlay",
     "MessageFamily",
     "MessageSpec",
     "ParsedReply",
@@ -80,6 +83,7 @@ __all__ = [
     "EnvNotFoundError",
     "ENTRY_POINT_GROUP",
     "weighted_reward",
+    "keep_finished",
 ]
 
 
@@ -262,27 +266,6 @@ class EvalSetting:
     stage: Any
 
 
-@dataclasses.dataclass(frozen=True)
-class HumanPlay:
-    """Hooks for `jaxrl-llm play`: a person takes the scripted opponent's place (host-side functions).
-
-    new_game() -> state: nothing played yet, the model to move; view(state) -> str: what the person sees
-    before choosing; choices(state) -> [str]: the inputs accepted; apply_model(state, reply) -> state: the
-    model's reply without the opponent's answer; human_to_move(state) -> bool: after `apply_model`, the
-    person moves now (False: the reply was not a move, the model is asked again); apply_human(state,
-    choice) -> state: the person's move (it sets what the next message shows); opening(state, choice) ->
-    state: the person's first move when they start (None: the model always starts).
-    """
-
-    new_game: Callable[[], Any]
-    view: Callable[[Any], str]
-    choices: Callable[[Any], list[str]]
-    apply_model: Callable[[Any, ParsedReply], Any]
-    human_to_move: Callable[[Any], bool]
-    apply_human: Callable[[Any, str], Any]
-    opening: Callable[[Any, str], Any] | None = None
-
-
 def weighted_reward(rubric: Sequence[RubricPart], parts: dict[str, jax.Array]) -> jax.Array:
     """sum_i weight_i * parts[name_i], a left fold in rubric order (f32; same shape as the parts)."""
     total = None
@@ -290,6 +273,21 @@ def weighted_reward(rubric: Sequence[RubricPart], parts: dict[str, jax.Array]) -
         term = part.weight * parts[part.name]
         total = term if total is None else total + term
     return jnp.asarray(total, jnp.float32)
+
+
+def keep_finished(done: jax.Array, old: Any, new: Any) -> Any:
+    """The protocol's rule for finished games, written once: leaf by leaf, `old` where `done`, else `new`.
+
+    done: bool[...] per game (any leading batch shape); old, new: states of one structure whose leaves lead
+    with done's shape (a leaf may have more axes: done is broadcast over them). Jittable, vmappable.
+    """
+    done = jnp.asarray(done, bool)
+
+    def choose(a: jax.Array, b: jax.Array) -> jax.Array:
+        flag = jnp.reshape(done, jnp.shape(done) + (1,) * (jnp.ndim(b) - jnp.ndim(done)))
+        return jnp.where(flag, a, b)
+
+    return jax.tree.map(choose, old, new)
 
 
 def _mix32(x: jax.Array) -> jax.Array:
@@ -344,7 +342,6 @@ class Env:
     final_message: ClassVar[bool] = True
     results_columns: ClassVar[tuple[tuple[str, str], ...]] = ()
     outcome_metrics: ClassVar[tuple[str, ...]] = ()
-    human: ClassVar[HumanPlay | None] = None
     metric_kinds: ClassVar[dict[str, str]] = {}  # metric name -> "rate" (the default: 0/1, shown in %) or "mean"
 
     def __post_init__(self) -> None:
@@ -374,7 +371,15 @@ class Env:
         raise NotImplementedError
 
     def step(self, state: Any, reply: ParsedReply, params: Any) -> Any:
-        raise NotImplementedError
+        """State after the model's reply (and any scripted answer). The protocol's shared rule lives here,
+        once for every env (as in pgx's `Env.step`): a done state comes back unchanged; the env's own rules
+        are `transition`. Jittable, vmappable."""
+        return keep_finished(self.done(state), state, self.transition(state, reply, params))
+
+    def transition(self, state: Any, reply: ParsedReply, params: Any) -> Any:
+        """The rules of a live game: the state after the reply (`step` keeps finished games unchanged)."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither `transition` (the rules of a live "
+                                  "game) nor `step`")
 
     def done(self, state: Any) -> jax.Array:
         raise NotImplementedError

@@ -204,9 +204,10 @@ def test_play_without_hooks_is_a_named_error(guess_on_path, capsys, monkeypatch)
 
 def test_connect_four_has_play_hooks():
     from envs.connect_four import game
+    from jaxrl_llm.cli.human import human_play
 
     env = envs.make("connect_four")
-    human = env.human
+    human = human_play(env)
     state = human.new_game()
     assert human.choices(state) == [str(c) for c in range(7)]
     state = human.apply_model(state, envs.ParsedReply.of(3))

@@ -116,12 +116,11 @@ def reset(example: Example) -> State:
                  done=no, found=no, valid=no, value=jnp.zeros((), jnp.int32))
 
 
-def step(state: State, reply: ParsedReply) -> State:
-    """Records the reply; the game is then over (a done state comes back unchanged)."""
-    new = state._replace(done=jnp.ones((), bool), found=jnp.asarray(reply.found, bool),
-                         valid=jnp.asarray(reply.found & reply.valid, bool),
-                         value=jnp.where(reply.found & reply.valid, reply.value, 0).astype(jnp.int32))
-    return jax.tree.map(lambda old, upd: jnp.where(state.done, old, upd), state, new)
+def record_reply(state: State, reply: ParsedReply) -> State:
+    """Records the reply; the game is then over (`Env.step` leaves a done state unchanged)."""
+    return state._replace(done=jnp.ones((), bool), found=jnp.asarray(reply.found, bool),
+                          valid=jnp.asarray(reply.found & reply.valid, bool),
+                          value=jnp.where(reply.found & reply.valid, reply.value, 0).astype(jnp.int32))
 
 
 def exact(state: State) -> jax.Array:
@@ -140,7 +139,6 @@ class Arithmetic(Env):
     results_columns = (("exact", "exact"), ("wrong", "wrong"), ("invalid", "invalid"), ("missing", "missing"),
                        ("format", "format"))
     outcome_metrics = ("exact", "wrong", "invalid", "missing")
-    human = None
 
     # ---- data ----
     def sample_examples(self, key, num_prompts, group_size, stage: Stage) -> Example:
@@ -163,8 +161,8 @@ class Arithmetic(Env):
     def reset(self, example: Example, params: Params) -> State:
         return reset(example)
 
-    def step(self, state: State, reply: ParsedReply, params: Params) -> State:
-        return step(state, reply)
+    def transition(self, state: State, reply: ParsedReply, params: Params) -> State:
+        return record_reply(state, reply)
 
     def done(self, state: State) -> jax.Array:
         return state.done

@@ -19,19 +19,17 @@ its SFT teacher `envs.connect_four.teacher` (search games). This module binds th
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from envs.connect_four import game, text
-from envs.connect_four.play import HUMAN
 from envs.connect_four.teacher import Teacher
 from envs import board_game
 from envs.board_game import BoardGameEnv
 from envs.core import EvalSetting, ParsedReply, ReplyGrammar
-from jaxrl_llm.checks import ConfigError, check_choice, check_int, check_probability
+from jaxrl_llm.checks import ConfigError, check_choice, check_int
 
 
 class Example(NamedTuple):
@@ -43,7 +41,7 @@ class Example(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class Stage:
+class Stage(board_game.OpponentStage):
     """A curriculum stage: p stratified over [p_min, p_max] (p = 1 random, p = 0 the pure search) and the
     search depth in 1..MAX_DEPTH (it must also be <= the env's max_depth; checked when examples are drawn)."""
 
@@ -52,28 +50,18 @@ class Stage:
     depth: int = 2
 
     def __post_init__(self) -> None:
-        check_probability(self, "p_min")
-        check_probability(self, "p_max")
+        super().__post_init__()
         check_int(self, "depth", 1, game.MAX_DEPTH)
-        if self.p_min > self.p_max:
-            raise ConfigError(f"must be <= p_max (got p_min {self.p_min} > p_max {self.p_max})", ("p_min",), "Stage")
 
 
 @dataclasses.dataclass(frozen=True)
-class Params:
-    """Static settings (see the module docstring)."""
+class Params(board_game.RubricParams):
+    """Static settings (see the module docstring; the rubric's fields are `board_game.RubricParams`)."""
 
     prompt: str = "tiny"
     rows: int = game.ROWS
     columns: int = game.COLUMNS
     max_depth: int = 4
-    win_value: float = 1.0
-    draw_value: float = 0.5
-    loss_value: float = 0.0
-    invalid_penalty: float = -0.1
-    win_weight: float = 1.0
-    format_weight: float = 0.2
-    invalid_weight: float = 1.0
 
     def __post_init__(self) -> None:
         check_choice(self, "prompt", tuple(text.PRESETS))
@@ -84,7 +72,7 @@ class Params:
                               f"{game.ROWS} x {game.COLUMNS} (only the standard board is implemented); set rows = "
                               f"{game.ROWS}, columns = {game.COLUMNS}", ("rows",), "Params")
         check_int(self, "max_depth", 1, game.MAX_DEPTH)
-        board_game.check_rubric(self)
+        super().__post_init__()
 
     @property
     def preset(self) -> text.PromptPreset:
@@ -101,12 +89,6 @@ def move_of(reply: ParsedReply) -> jax.Array:
     return board_game.move_code(reply, game.NO_MOVE, game.INVALID_MOVE)
 
 
-def _check_depth(stage: Stage, params: Params) -> None:
-    if stage.depth > params.max_depth:
-        raise ConfigError(f"search depth {stage.depth} is above the env's max_depth {params.max_depth}; raise "
-                          "env.params.max_depth or lower the stage's depth", ("depth",), "Stage")
-
-
 class ConnectFour(BoardGameEnv):
     """Connect Four (6 x 7) against the opponent mixture: random moves with probability p, else the search."""
 
@@ -117,41 +99,40 @@ class ConnectFour(BoardGameEnv):
     game = game
     text = text
     grammar = _GRAMMAR
-    human = HUMAN  # `jaxrl-llm play`: a person plays O (envs/connect_four/play.py)
+
+    Example = Example
 
     # ---- data ----
-    def sample_examples(self, key, num_prompts, group_size, stage: Stage) -> Example:
-        """Stratified p over the stage's range (one stratum a prompt), each prompt repeated group_size times."""
-        _check_depth(stage, self.params)
+    def check_stage(self, stage: Stage) -> None:
+        """The stage's search depth must be compiled: <= this env's max_depth."""
+        if stage.depth > self.params.max_depth:
+            raise ConfigError(f"search depth {stage.depth} is above the env's max_depth {self.params.max_depth}; "
+                              "raise env.params.max_depth or lower the stage's depth", ("depth",), "Stage")
+
+    def stratified_strengths(self, key, num_prompts, group_size, stage: Stage) -> tuple[jax.Array, jax.Array]:
+        """One p per stratum of the stage's range (shuffled over the prompts), each prompt repeated group_size
+        times."""
         k_seed, k_p = jax.random.split(key)
         seeds = jax.random.bits(k_seed, (num_prompts,), jnp.uint32)
         u = (jnp.arange(num_prompts) + jax.random.uniform(k_p, (num_prompts,))) / num_prompts
         probs = jax.random.permutation(jax.random.fold_in(k_p, 1), stage.p_min + (stage.p_max - stage.p_min) * u)
-        depth = jnp.full((num_prompts * group_size,), stage.depth, jnp.int32)
-        return Example(jnp.repeat(seeds, group_size), jnp.repeat(probs.astype(jnp.float32), group_size), depth)
+        return jnp.repeat(seeds, group_size), jnp.repeat(probs.astype(jnp.float32), group_size)
 
-    def eval_examples(self, key, num_games, stage: Stage) -> Example:
-        _check_depth(stage, self.params)
-        seeds = jax.random.bits(key, (num_games,), jnp.uint32)
-        probs = jax.random.uniform(jax.random.fold_in(key, 1), (num_games,), jnp.float32, stage.p_min, stage.p_max)
-        if stage.p_min == stage.p_max:
-            probs = jnp.full((num_games,), stage.p_min, jnp.float32)
-        return Example(seeds, probs, jnp.full((num_games,), stage.depth, jnp.int32))
+    def example(self, seeds: jax.Array, probs: jax.Array, stage: Stage) -> Example:
+        """The Example with the stage's search depth."""
+        return Example(seeds, probs, jnp.full(seeds.shape, stage.depth, jnp.int32))
 
     def eval_settings(self) -> tuple[EvalSetting, ...]:
         out = [EvalSetting("random", Stage(1.0, 1.0, 1))]
         out += [EvalSetting(f"depth{d}", Stage(0.0, 0.0, d)) for d in (1, 2, 4) if d <= self.params.max_depth]
         return tuple(out)
 
-    def example_metrics(self, examples: Example) -> dict[str, jax.Array]:
-        return {"p_mean": jnp.mean(examples.random_move_prob)}
-
     # ---- dynamics ----
     def reset(self, example: Example, params: Params) -> game.State:
         return game.reset(example.seed, example.random_move_prob, example.depth, params.max_depth)
 
-    def step(self, state: game.State, reply: ParsedReply, params: Params) -> game.State:
-        return game.step(state, move_of(reply), params.max_depth)
+    def transition(self, state: game.State, reply: ParsedReply, params: Params) -> game.State:
+        return game.transition(state, move_of(reply), params.max_depth)
 
     def legal_moves(self, state: game.State) -> jax.Array:
         return game.legal_columns(state.x, state.o) & ~state.done
@@ -164,6 +145,3 @@ class ConnectFour(BoardGameEnv):
     def demonstrations(self, teacher: Teacher, key, params: Params, max_turns: int) -> list[dict]:
         return teacher.rows(key, params.prompt, params.max_depth)
 
-    def example_info(self, example: Any) -> dict[str, Any]:
-        return {"seed": int(np.asarray(example.seed)), "random_move_prob": float(np.asarray(example.random_move_prob)),
-                "depth": int(np.asarray(example.depth))}

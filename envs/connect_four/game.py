@@ -59,6 +59,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from envs.core import keep_finished
+from envs.prng import pick_set_bit, unit_float
+
 ROWS, COLUMNS = 6, 7
 NUM_CELLS = ROWS * COLUMNS
 MAX_DEPTH = 5  # the deepest search a Params may compile (7^5 = 16 807 leaves a move)
@@ -348,30 +351,14 @@ def _words(seed: jax.Array, salt: int, board: tuple[jax.Array, jax.Array] | None
     return jax.random.bits(key, (2,), jnp.uint32)
 
 
-def _nth_table() -> np.ndarray:
-    """int32[128 * 7]: entry mask * 7 + r is the r-th (0-based) set column of the 7-bit mask, -1 if fewer."""
-    table = np.full((128, COLUMNS), -1, np.int32)
-    for mask in range(128):
-        cols = [c for c in range(COLUMNS) if mask >> c & 1]
-        table[mask, : len(cols)] = cols
-    return table.reshape(-1)
-
-
-_NTH = _nth_table()
-
-
 def pick(allowed: jax.Array, word: jax.Array) -> jax.Array:
-    """bool[7] allowed columns, uint32[] random word -> int32[]: a uniform allowed column, -1 if none.
-
-    r = floor(u * #allowed) for u the word's top 24 bits as a fraction in [0, 1); the r-th allowed column."""
+    """bool[7] allowed columns, uint32[] random word -> int32[]: a uniform allowed column, -1 if none
+    (`envs.prng.pick_set_bit` on the columns' mask)."""
     mask = (jnp.asarray(allowed, jnp.int32) << jnp.arange(COLUMNS, dtype=jnp.int32)).sum()
-    count = jax.lax.population_count(mask).astype(jnp.uint32)
-    r = (((_u32(word) >> 8) * count) >> 24).astype(jnp.int32)
-    return jnp.asarray(_NTH)[mask * COLUMNS + r]
+    return pick_set_bit(mask, word, COLUMNS)
 
 
-def _uniform(word: jax.Array) -> jax.Array:
-    return (_u32(word) >> 8).astype(jnp.float32) * (1.0 / (1 << 24))  # in [0, 1)
+_uniform = unit_float  # uint32 word -> f32 in [0, 1)
 
 
 def opponent_move(x: jax.Array, o: jax.Array, seed: jax.Array, random_move_prob: jax.Array, depth: jax.Array,
@@ -444,6 +431,11 @@ def live(state: State) -> jax.Array:
 def model_move(state: State, move: jax.Array) -> State:
     """State, int32[] move -> the model's reply alone (no opponent answer): missing (-1), invalid, or X's
     piece with WIN / DRAW, else status STATUS_OPP_MOVED with O still to move. A done state is unchanged."""
+    return keep_finished(state.done, state, _model_rules(state, move))
+
+
+def _model_rules(state: State, move: jax.Array) -> State:
+    """`model_move`'s rules for a game that is not done."""
     move = jnp.asarray(move, jnp.int32)
     missing = move == NO_MOVE
     x, legal = play(state.x, state.o, move)
@@ -451,14 +443,13 @@ def model_move(state: State, move: jax.Array) -> State:
     x = jnp.where(legal, x, state.x)
     won = legal & has_four(x)
     filled = legal & ~won & is_full(x, state.o)
-    new = state._replace(
+    return state._replace(
         x=x, turns=state.turns + 1, invalid_moves=state.invalid_moves + (~missing & ~legal).astype(jnp.int32),
         missing_moves=state.missing_moves + missing.astype(jnp.int32), done=won | filled,
         outcome=_first_true([(won, OUTCOME_WIN), (filled, OUTCOME_DRAW)], OUTCOME_ONGOING),
         status=_first_true([(missing, STATUS_NO_MOVE), (~legal, STATUS_INVALID), (won, STATUS_WIN),
                             (filled, STATUS_DRAW)], STATUS_OPP_MOVED),
     )
-    return jax.tree.map(lambda old, upd: jnp.where(state.done, old, upd), state, new)
 
 
 def opponent_move_applied(state: State, column: jax.Array) -> State:
@@ -482,9 +473,16 @@ def step(state: State, move: jax.Array, max_depth: int) -> State:
     A missing move counts in missing_moves (STATUS_NO_MOVE); an invalid one (outside 0..6, a full
     column) in invalid_moves (STATUS_INVALID, board unchanged, no opponent move). A legal move drops X,
     then ends the game (WIN / DRAW) or lets O reply (`opponent_move`: LOSS / OPP_DRAW / OPP_MOVED).
-    Every reply counts a turn. A done state comes back unchanged."""
-    after = model_move(state, move)
-    opp_turn = ~state.done & (after.status == STATUS_OPP_MOVED)
+    Every reply counts a turn. A done state comes back unchanged (`envs.core.keep_finished`, the protocol's
+    one rule for finished games; the rules are `transition`)."""
+    return keep_finished(state.done, state, transition(state, move, max_depth))
+
+
+def transition(state: State, move: jax.Array, max_depth: int) -> State:
+    """`step`'s rules for a game that is not done: the model's reply (`model_move`), then O's answer where
+    the game goes on."""
+    after = _model_rules(state, move)
+    opp_turn = after.status == STATUS_OPP_MOVED
     reply = opponent_move(after.x, after.o, state.seed, state.random_move_prob, state.depth, max_depth)
     answered = opponent_move_applied(after, reply)
     return jax.tree.map(lambda a, b: jnp.where(opp_turn, a, b), answered, after)

@@ -16,7 +16,7 @@ The game is `envs.tictactoe.game` (rules, minimax opponent, seeds); its text is 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -24,10 +24,10 @@ import numpy as np
 
 from envs import board_game
 from envs.board_game import BoardGameEnv
-from envs.core import EvalSetting, HumanPlay, ParsedReply, ReplyGrammar
+from envs.core import EvalSetting, ParsedReply, ReplyGrammar
 from envs.tictactoe import game, text
 from envs.tictactoe.teacher import Teacher
-from jaxrl_llm.checks import ConfigError, check_choice, check_probability
+from jaxrl_llm.checks import check_choice
 
 
 class Example(NamedTuple):
@@ -38,39 +38,24 @@ class Example(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class Stage:
+class Stage(board_game.OpponentStage):
     """A curriculum stage: the opponent's random-move probability p is stratified over [p_min, p_max]
     (p = 1 a uniformly random opponent, p = 0 the optimal one)."""
 
     p_min: float = 0.2
     p_max: float = 0.7
 
-    def __post_init__(self) -> None:
-        check_probability(self, "p_min")
-        check_probability(self, "p_max")
-        if self.p_min > self.p_max:
-            raise ConfigError(f"must be <= p_max (got p_min {self.p_min} > p_max {self.p_max})", ("p_min",),
-                              "Stage")
-
 
 @dataclasses.dataclass(frozen=True)
-class Params:
+class Params(board_game.RubricParams):
     """Static settings: the prompt preset ("reference", "compact", "tiny"; see `text.PRESETS`) and the
-    rubric: the win part's values (win / draw / loss or unfinished), the invalid penalty (<= 0, once per
-    game with an invalid move) and the three weights."""
+    rubric (`board_game.RubricParams`)."""
 
     prompt: str = "reference"
-    win_value: float = 1.0
-    draw_value: float = 0.5
-    loss_value: float = 0.0
-    invalid_penalty: float = -0.1
-    win_weight: float = 1.0
-    format_weight: float = 0.2
-    invalid_weight: float = 1.0
 
     def __post_init__(self) -> None:
         check_choice(self, "prompt", tuple(text.PRESETS))
-        board_game.check_rubric(self)
+        super().__post_init__()
 
     @property
     def preset(self) -> text.PromptPreset:
@@ -87,36 +72,6 @@ def move_of(reply: ParsedReply) -> jax.Array:
     return board_game.move_code(reply, game.NO_MOVE, game.INVALID_MOVE)
 
 
-def _new_game() -> game.State:
-    state = jax.device_get(game.reset(np.uint32(0), np.float32(0.0)))
-    return state._replace(board=np.zeros(game.NUM_CELLS, np.int8), last_opponent_move=np.int8(-1),
-                          status=np.int8(game.STATUS_START_MODEL_FIRST))
-
-
-def _view(state) -> str:
-    return text.render_board(text.PRESETS["reference"], np.asarray(state.board).tolist())
-
-
-def _choices(state) -> list[str]:
-    return [str(i) for i in range(game.NUM_CELLS) if int(np.asarray(state.board)[i]) == game.EMPTY]
-
-
-def _apply_model(state, reply: ParsedReply):
-    return jax.device_get(jax.jit(game.model_move)(state, move_of(reply)))
-
-
-def _human_to_move(state) -> bool:
-    return not bool(state.done) and int(state.status) == game.STATUS_OPP_MOVED
-
-
-def _apply_human(state, choice: str):
-    return jax.device_get(jax.jit(game.opponent_move_applied)(state, int(choice)))
-
-
-def _opening(state, choice: str):
-    return _apply_human(state, choice)._replace(status=np.int8(game.STATUS_START_OPP_FIRST))
-
-
 class TicTacToe(BoardGameEnv):
     """Tic-Tac-Toe against the controlled minimax opponent (`shared/TICTACTOE_SPEC.md`)."""
 
@@ -127,38 +82,22 @@ class TicTacToe(BoardGameEnv):
     game = game
     text = text
     grammar = _GRAMMAR
-    human = HumanPlay(new_game=_new_game, view=_view, choices=_choices, apply_model=_apply_model,
-                      human_to_move=_human_to_move, apply_human=_apply_human, opening=_opening)
+    Example = Example
 
     # ---- data ----
-    def sample_examples(self, key, num_prompts, group_size, stage: Stage) -> Example:
-        """Stratified opponent strengths over the stage's range, each prompt repeated group_size times."""
-        seeds, probs = game.stratified_examples(key, num_prompts, group_size, stage.p_min, stage.p_max)
-        return Example(seeds, probs)
-
-    def eval_examples(self, key, num_games, stage: Stage) -> Example:
-        """Seeds drawn directly from `key`; p uniform in the stage's range (constant for a point range)."""
-        seeds = jax.random.bits(key, (num_games,), jnp.uint32)
-        if stage.p_min == stage.p_max:
-            probs = jnp.full((num_games,), stage.p_min, jnp.float32)
-        else:
-            probs = jax.random.uniform(jax.random.fold_in(key, 1), (num_games,), jnp.float32, stage.p_min,
-                                       stage.p_max)
-        return Example(seeds, probs)
+    def stratified_strengths(self, key, num_prompts, group_size, stage: Stage) -> tuple[jax.Array, jax.Array]:
+        """`game.stratified_examples`: one p per equal-width bucket of the stage's range."""
+        return game.stratified_examples(key, num_prompts, group_size, stage.p_min, stage.p_max)
 
     def eval_settings(self) -> tuple[EvalSetting, ...]:
         return (EvalSetting("random", Stage(1.0, 1.0)), EvalSetting("optimal", Stage(0.0, 0.0)))
-
-    def example_metrics(self, examples: Example) -> dict[str, jax.Array]:
-        """Batch figures of the examples themselves: the mean opponent p."""
-        return {"p_mean": jnp.mean(examples.random_move_prob)}
 
     # ---- dynamics ----
     def reset(self, example: Example, params: Params) -> game.State:
         return game.reset(example.seed, example.random_move_prob)
 
-    def step(self, state: game.State, reply: ParsedReply, params: Params) -> game.State:
-        return game.step(state, move_of(reply))
+    def transition(self, state: game.State, reply: ParsedReply, params: Params) -> game.State:
+        return game.transition(state, move_of(reply))
 
     def legal_moves(self, state: game.State) -> jax.Array:
         return game.legal_moves(state.board) & ~state.done
@@ -188,10 +127,6 @@ class TicTacToe(BoardGameEnv):
         from envs.tictactoe.teacher import exhaustive_expert_games, games_to_rows
 
         return games_to_rows(exhaustive_expert_games(teacher.kind), params.prompt, reasoning=teacher.reasoning)
-
-    def example_info(self, example: Any) -> dict[str, Any]:
-        return {"seed": int(np.asarray(example.seed)), "random_move_prob": float(np.asarray(example.random_move_prob))}
-
 
 
 def outcome_rates(outcome: jax.Array, done: jax.Array) -> dict[str, float]:

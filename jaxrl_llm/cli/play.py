@@ -1,6 +1,7 @@
 """`jaxrl-llm play`: a person takes the scripted opponent's place and plays the model in the terminal.
 
-Works for any env with `HumanPlay` hooks (`env.human`): the conversation is the one the model was
+Works for any env with play hooks (`jaxrl_llm.cli.human`: the `HumanPlay` protocol, found by `human_play(env)`):
+the conversation is the one the model was
 trained on (the env's system prompt and messages, rendered from its slot codes), the model's replies are
 decoded greedily with the sampler and read by the on-device parser, and the person's inputs go through
 the env's own moves. Input that ends (a closed pipe, Ctrl-D) ends the game with a message.
@@ -16,6 +17,7 @@ import numpy as np
 
 from envs.core import Episode
 from jaxrl_llm import text
+from jaxrl_llm.cli.human import human_play, opening_of
 from jaxrl_llm.generate import SamplingConfig, make_sampler
 from jaxrl_llm.rollout import outcome_label
 
@@ -53,14 +55,15 @@ def play_terminal(config, checkpoint: str | None = None, input_fn: Callable[[str
     from jaxrl_llm.train import build, policy_params
 
     comp = build(config)
-    env, human = comp.env, comp.env.human
+    env = comp.env
+    human = human_play(env)
     if human is None:
         from jaxrl_llm.checks import ConfigError
 
-        raise ConfigError(f"env {env.name!r} has no human player (its `human` is None: no envs.HumanPlay hooks), so "
-                          "`jaxrl-llm play` cannot run it; evaluate it with `jaxrl-llm eval` instead, or give the env "
-                          "HumanPlay hooks (envs/tictactoe/env.py and envs/connect_four/play.py show how)",
-                          ("env", "name"))
+        raise ConfigError(f"env {env.name!r} has no human player (no play hooks: jaxrl_llm.cli.human.human_play "
+                          "finds none for its class), so `jaxrl-llm play` cannot run it; evaluate it with "
+                          "`jaxrl-llm eval` instead, or give the env hooks with jaxrl_llm.cli.human.register_human "
+                          "(envs/tictactoe/play.py and envs/connect_four/play.py show how)", ("env", "name"))
     params = policy_params(config, comp, checkpoint)
     tok, tables = comp.tokenizer, comp.tables
     scfg = comp.sampling_config(SamplingConfig(greedy=True, max_new_tokens=config.eval.sampling.max_new_tokens))
@@ -77,9 +80,10 @@ def play_terminal(config, checkpoint: str | None = None, input_fn: Callable[[str
 
 def _play(config, env, human, params, tok, tables, scfg, sampler, width, parse, input_fn, print_fn) -> int:
     state: Any = human.new_game()
-    if human.opening is not None and _ask(input_fn, "do you want to move first? [y/N] ").strip().lower().startswith("y"):
+    opening = opening_of(human)
+    if opening is not None and _ask(input_fn, "do you want to move first? [y/N] ").strip().lower().startswith("y"):
         print_fn(human.view(state))
-        state = human.opening(state, _ask_choice(human, state, input_fn, print_fn))
+        state = opening(state, _ask_choice(human, state, input_fn, print_fn))
     conversation = [{"role": "system", "content": env.system_prompt(env.params)}]
     for turn in range(config.eval.rollout.max_turns):
         conversation.append({"role": "user", "content": env.render_message(state, env.params)})

@@ -1,8 +1,10 @@
 """Orbax checkpoints with exact resume.
 
 A checkpoint is one pytree `state` (whatever the training loop keeps: params, optax state, step, PRNG key,
-data position such as examples consumed and stage index) plus a JSON `meta` item: the experiment config
-(as a dict and as TOML text), the resolved model architecture and any extra JSON the caller passes.
+data position such as examples consumed and stage index) plus a JSON `meta` item: what the caller's
+`ConfigRecords` make of the run's config (`jaxrl_llm.compat`: the experiment config as a dict and as TOML
+text, the env, tokenizer and resolved model architecture) and any extra JSON the caller passes. This module
+is storage only: it imports neither the experiment schema nor the run lock (`jaxrl_llm.run_lock`).
 
 Layout (Orbax's `CheckpointManager`): `<directory>/<step>/state/` (the arrays, PyTree handler) and
 `<directory>/<step>/meta/` (JSON). A save is written to `<step>.orbax-checkpoint-tmp-*` and renamed to
@@ -15,7 +17,7 @@ Restoring for exact resume: build the target with `jax.eval_shape` of the functi
 state (so optax's NamedTuples, dtypes and, with shardings, the layout are known) and pass it:
 
     abstract = jax.eval_shape(init_state, jax.random.key(0))
-    with Checkpointer(cfg.checkpoint_dir(), keep=cfg.checkpoint.keep) as ckpt:
+    with compat.run_checkpointer(cfg.checkpoint_dir(), keep=cfg.checkpoint.keep) as ckpt:
         state = ckpt.restore(target=abstract, expect_config=cfg)   # latest step
 
 Typed PRNG keys (`jax.random.key`) are stored as their raw uint32 key data and wrapped again when the
@@ -26,19 +28,13 @@ and a differing leaf is named; dtypes follow the target (Orbax casts).
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import os
 import re
 import shutil
-import signal
-import socket
-import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 import numpy as np
@@ -50,12 +46,8 @@ __all__ = [
     "CheckpointMismatchError",
     "CheckpointDamagedError",
     "CheckpointWriteError",
-    "RunLock",
-    "RunLockedError",
-    "RunExistsError",
-    "tokenizer_record",
+    "ConfigRecords",
     "restore_params_only",
-    "load_checkpoint_config",
     "partial_saves",
     "FORMAT",
 ]
@@ -63,8 +55,6 @@ __all__ = [
 FORMAT = "jaxrl_llm.checkpoint/1"
 STATE, META = "state", "meta"
 TMP_MARKER = ".orbax-checkpoint-tmp"  # Orbax's suffix of a save in progress
-# Architecture fields that do not change the stored arrays' shapes (a checkpoint restores across them).
-_ARCH_IGNORED = ("dtype", "param_dtype", "remat", "attention_row_block")
 
 
 class CheckpointNotFoundError(FileNotFoundError):
@@ -81,14 +71,6 @@ class CheckpointDamagedError(ValueError):
 
 class CheckpointWriteError(OSError):
     """A save failed (disk full, unwritable folder); the message names the folder and the last good step."""
-
-
-class RunLockedError(RuntimeError):
-    """Another live process holds the output folder's lock (one trainer per folder)."""
-
-
-class RunExistsError(FileExistsError):
-    """checkpoint.resume = false on a folder that already holds a run: refused, nothing is truncated."""
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -194,7 +176,7 @@ def _wrap_keys(restored: Any, target: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Config metadata
+# What a step records of the run's config (supplied by the caller: storage knows no schema)
 # ----------------------------------------------------------------------------------------------------------
 
 
@@ -202,126 +184,19 @@ def _jsonable(x: Any) -> Any:
     return json.loads(json.dumps(x))
 
 
-def env_record(config: Any) -> dict[str, Any]:
-    """The env a model is trained on, as JSON: {"name" (as the config gives it: a registered name, an entry
-    point or a class path), "class" ("module:Class", so the env is found again by any of its names), "params"}.
-    Checkpoints and exports carry it."""
-    from jaxrl_llm.config import config_to_dict
+class ConfigRecords(Protocol):
+    """How a `Checkpointer` stores a run's config with each step and checks a config against a step. Storage
+    holds no experiment schema: the experiment's records are `jaxrl_llm.compat.ExperimentRecords`."""
 
-    record = {"name": config.env.name}
-    try:
-        from envs.core import class_path
+    def describe(self, config: Any) -> dict[str, Any]:
+        """JSON to merge into a step's `meta` for `config` (e.g. {"config": ..., "model": ...})."""
 
-        record["class"] = class_path(config.env.env_class())
-    except Exception:  # noqa: BLE001 - a record without the class is still a record
-        pass
-    record["params"] = config_to_dict(config.env.params) if config.env.params is not None else {}
-    return record
+    def check(self, meta: Mapping[str, Any], config: Any, where: str) -> None:
+        """Raises CheckpointMismatchError (its message starting with `where`) when `config` does not fit the
+        step whose `meta` this is."""
 
-
-def same_env(saved: dict[str, Any], mine: dict[str, Any]) -> bool:
-    """Whether a saved env record names the env of `mine` (this config's record): the same name, or the saved
-    name (an entry point or a class path) resolves here to this config's class. A saved name that does not
-    resolve here is another env."""
-    if saved.get("name") == mine.get("name"):
-        return True
-    try:
-        from envs.core import class_path, env_class
-
-        return bool(mine.get("class")) and class_path(env_class(saved.get("name"))) == mine["class"]
-    except Exception:  # noqa: BLE001 - unknown or unimportable: not this env
-        return False
-
-
-def _config_meta(config: Any) -> dict[str, Any]:
-    """What `meta` stores of a config: the dict, the TOML text and the resolved architecture."""
-    from jaxrl_llm.config import ExperimentConfig, config_to_dict, dump_config
-
-    if config is None:
-        return {}
-    if isinstance(config, ExperimentConfig):
-        out: dict[str, Any] = {"config": config_to_dict(config), "config_toml": dump_config(config),
-                               "env": env_record(config)}
-        record = tokenizer_record(config.tokenizer.path)
-        if record is not None:
-            out["tokenizer"] = record
-        try:
-            out["model"] = _jsonable(dataclasses.asdict(config.model.lfm2_config()))
-        except (OSError, ValueError):  # init_from not readable here: compare the model section instead
-            pass
-        return out
-    if isinstance(config, Mapping):
-        return {"config": _jsonable(dict(config))}
-    raise TypeError(f"config must be an ExperimentConfig or a JSON-able mapping, got {type(config).__name__}")
-
-
-_TOKENIZER_RECORDS: dict[tuple[str, float], dict[str, Any] | None] = {}
-
-
-def tokenizer_record(path: str | os.PathLike | None) -> dict[str, Any] | None:
-    """What identifies a tokenizer's vocabulary, from its folder's `tokenizer.json` (None: the project's
-    tokenizer): {"size": distinct ids, "sha256": of the token -> id map and the added tokens, "source"}.
-    None when the folder has no tokenizer.json (nothing to compare). Checkpoints and exports carry it."""
-    from jaxrl_llm.text.tokenizer import ASSET_DIR
-
-    folder = Path(ASSET_DIR if path is None else path)
-    file = folder / "tokenizer.json"
-    if not file.is_file():
-        return None
-    key = (str(file.resolve()), file.stat().st_mtime)
-    if key not in _TOKENIZER_RECORDS:
-        data = json.loads(file.read_text(encoding="utf-8"))
-        vocab = (data.get("model") or {}).get("vocab") or {}
-        if isinstance(vocab, list):  # unigram models: [[piece, score], ...]
-            vocab = {piece[0]: i for i, piece in enumerate(vocab)}
-        added = sorted((int(t["id"]), str(t["content"])) for t in data.get("added_tokens") or ())
-        ids = set(vocab.values()) | {i for i, _ in added}
-        digest = hashlib.sha256(json.dumps([sorted(vocab.items()), added], ensure_ascii=False).encode()).hexdigest()
-        _TOKENIZER_RECORDS[key] = {"size": len(ids), "sha256": digest}
-    record = dict(_TOKENIZER_RECORDS[key])
-    record["source"] = "the project's tokenizer" if path is None else str(path)
-    return record
-
-
-def tokenizer_mismatch(have: dict[str, Any] | None, want: dict[str, Any] | None, where: str) -> str | None:
-    """A sentence naming both tokenizers when two records differ (None when they agree or one is unknown)."""
-    if not have or not want or (have.get("size"), have.get("sha256")) == (want.get("size"), want.get("sha256")):
-        return None
-    def name(r):
-        return f"{r.get('size')} tokens ({r.get('source', '?')}, vocabulary sha256 {str(r.get('sha256'))[:12]})"
-    return (f"{where} was trained with a tokenizer of {name(have)} but this config's tokenizer has {name(want)}: "
-            "token ids would mean other text; set tokenizer.path to the tokenizer it was trained with")
-
-
-def _lora_record(meta: Mapping[str, Any]) -> dict[str, Any]:
-    """What makes a checkpoint's params LoRA adapters of a kind: {"rank"} (0: the whole model) and, for
-    adapters, "alpha" and the targeted projections (dropout does not matter). Older checkpoints: rank 0."""
-    from models.lora import LoraConfig
-
-    table = ((meta.get("config") or {}).get("lora")) or {}
-    try:
-        lora = LoraConfig(**{k: v for k, v in table.items() if k in ("rank", "alpha", "targets")})
-    except (TypeError, ValueError):
-        return {"unreadable": dict(table)}
-    if not lora.enabled:
-        return {"rank": 0}
-    return {"rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.modules)}
-
-
-def _lora_text(record: Mapping[str, Any]) -> str:
-    if record.get("rank") == 0:
-        return "no LoRA (the whole model)"
-    return "LoRA " + ", ".join(f"{k} = {v!r}" for k, v in record.items())
-
-
-def _diff(a: Any, b: Any, prefix: str) -> list[str]:
-    """Dotted keys where two JSON values differ, with both values."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = []
-        for k in sorted(set(a) | set(b)):
-            out += _diff(a.get(k), b.get(k), f"{prefix}.{k}")
-        return out
-    return [] if a == b else [f"{prefix}: checkpoint {a!r}, this config {b!r}"]
+    def load(self, meta: Mapping[str, Any]) -> Any:
+        """The config object recorded in a step's `meta` (None when it has none)."""
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -347,12 +222,15 @@ class Checkpointer:
 
     keep: the last N steps are kept (None keeps all). async_save: write in the background (call `wait`,
     `close` or use `with` before the process exits). read_only: open an existing directory to restore
-    only (another process may be writing it: its temporary folders are left alone).
+    only (another process may be writing it: its temporary folders are left alone). records: how a config
+    passed to `save` is stored and checked (`ConfigRecords`; a run's: `compat.run_checkpointer`); without
+    records a config is a plain JSON mapping and `check_config` is refused.
     """
 
     def __init__(self, directory: str | os.PathLike, keep: int | None = 3, async_save: bool = True,
-                 read_only: bool = False):
+                 read_only: bool = False, records: ConfigRecords | None = None):
         self.directory = Path(directory).expanduser().absolute()
+        self.records = records
         if read_only and not self.directory.is_dir():
             raise CheckpointNotFoundError(f"checkpoint directory {str(self.directory)!r} does not exist")
         if self.directory.exists() and not self.directory.is_dir():
@@ -468,7 +346,7 @@ class Checkpointer:
         if self.read_only:
             raise ValueError(f"Checkpointer({str(self.directory)!r}) was opened read_only: it does not save")
         meta = {"format": FORMAT, "step": int(step), "metadata": _jsonable(dict(metadata or {})),
-                **_config_meta(config)}
+                **self._config_meta(config)}
         args = ocp.args.Composite(**{STATE: ocp.args.PyTreeSave(_keys_to_data(state)), META: ocp.args.JsonSave(meta)})
         try:
             started = bool(self._manager.save(int(step), args=args, force=force))
@@ -499,12 +377,22 @@ class Checkpointer:
             detail = f" ({type(error).__name__}: {text[:300]}{' ...' if len(text) > 300 else ''})"
         return CheckpointDamagedError(f"checkpoint step {step} in {str(self.directory)!r} is damaged: {what}{detail}")
 
-    def config(self, step: int | None = None):
-        """The ExperimentConfig stored with a step (None when it was saved without one)."""
-        from jaxrl_llm.config import config_from_dict
+    def _config_meta(self, config: Any) -> dict[str, Any]:
+        """What `meta` stores of `config`: the records' description, or a plain mapping as {"config": ...}."""
+        if config is None:
+            return {}
+        if self.records is not None:
+            return self.records.describe(config)
+        if isinstance(config, Mapping):
+            return {"config": _jsonable(dict(config))}
+        raise TypeError(f"config must be a JSON-able mapping, got {type(config).__name__}; a run's config needs "
+                        "records that describe it (`jaxrl_llm.compat.run_checkpointer`)")
 
-        data = self.metadata(step).get("config")
-        return None if data is None else config_from_dict(data)
+    def config(self, step: int | None = None) -> Any:
+        """The config stored with a step: the records' config object (an ExperimentConfig with
+        `compat.ExperimentRecords`), or the stored JSON without records; None when it was saved without one."""
+        meta = self.metadata(step)
+        return meta.get("config") if self.records is None else self.records.load(meta)
 
     def _stored_leaves(self, step: int) -> tuple[Any, dict[str, Any]]:
         index = self.directory / str(step) / STATE / "_METADATA"
@@ -520,45 +408,14 @@ class Checkpointer:
         return tree, flat
 
     def check_config(self, expected: Any, step: int | None = None) -> None:
-        """Raises CheckpointMismatchError naming each field where the stored config differs from `expected`
-        (an ExperimentConfig): the env (name and params) and the resolved architecture (dtypes and remat
-        may differ)."""
+        """Raises CheckpointMismatchError naming each field where the step's stored config differs from
+        `expected` (the records' check; `compat.check_meta` for an ExperimentConfig: env, tokenizer, LoRA and
+        the resolved architecture)."""
+        if self.records is None:
+            raise TypeError(f"Checkpointer({str(self.directory)!r}) has no config records to check a config with; "
+                            "open it with records (`jaxrl_llm.compat.run_checkpointer`)")
         meta = self.metadata(step)
-        mine = _config_meta(expected)
-        if "env" in meta and "env" in mine:
-            have_env, want_env = meta["env"], mine["env"]
-            if not same_env(have_env, want_env):
-                raise CheckpointMismatchError(
-                    f"checkpoint {str(self.directory)!r} step {meta.get('step')} was trained on env "
-                    f"{have_env.get('name')!r} but the config uses env {want_env.get('name')!r}: use the preset it "
-                    "was trained with, or another checkpoint.dir / run.output_dir")
-            diffs = _diff(have_env.get("params", {}), want_env.get("params", {}), "env.params")
-            if diffs:
-                raise CheckpointMismatchError(
-                    f"checkpoint {str(self.directory)!r} step {meta.get('step')} was trained on env "
-                    f"{want_env.get('name')!r} with other params: " + "; ".join(diffs))
-        clash = tokenizer_mismatch(meta.get("tokenizer"), mine.get("tokenizer"),
-                                   f"checkpoint {str(self.directory)!r} step {meta.get('step')}")
-        if clash:
-            raise CheckpointMismatchError(clash)
-        have_lora, want_lora = _lora_record(meta), _lora_record(mine)
-        if "config" in meta and "config" in mine and have_lora != want_lora:
-            raise CheckpointMismatchError(
-                f"checkpoint {str(self.directory)!r} step {meta.get('step')} was trained with "
-                f"{_lora_text(have_lora)} but this config asks for {_lora_text(want_lora)}: its params do not fit. "
-                "Use the [lora] table it was trained with, or another checkpoint.dir / run.output_dir")
-        if "model" in meta and "model" in mine:
-            have = {k: v for k, v in meta["model"].items() if k not in _ARCH_IGNORED}
-            want = {k: v for k, v in mine["model"].items() if k not in _ARCH_IGNORED}
-        elif "config" in meta and "config" in mine:
-            have, want = meta["config"].get("model", {}), mine["config"].get("model", {})
-        else:
-            return
-        diffs = _diff(have, want, "model")
-        if diffs:
-            raise CheckpointMismatchError(
-                f"checkpoint {str(self.directory)!r} step {meta.get('step')} was saved with another model: "
-                + "; ".join(diffs))
+        self.records.check(meta, expected, f"checkpoint {str(self.directory)!r} step {meta.get('step')}")
 
     def restore(self, step: int | None = None, target: Any = None, expect_config: Any = None) -> Any:
         """Restores a step's state (latest by default).
@@ -567,7 +424,7 @@ class Checkpointer:
         giving the structure, shapes, dtypes and placement; the result has exactly that structure (optax
         NamedTuples included) and those dtypes, PRNG-key leaves wrapped again. Without a target the state
         comes back as Orbax stores it: nested dicts / lists of arrays on the first device, keys as raw
-        uint32 data. expect_config: check the stored model against this ExperimentConfig first.
+        uint32 data. expect_config: check it against the stored config first (`check_config`).
         """
         step = self._step(step)
         if expect_config is not None:
@@ -663,7 +520,7 @@ def restore_params_only(directory: str | os.PathLike, step: int | None = None, t
     For another process (evaluation, export) that has only Orbax and the config: it opens the directory
     read-only (a trainer may still be writing it), reads `state["params"]` alone and returns it as nested
     dicts of arrays on the first device, or with `target`'s structure, dtypes and shardings. The config
-    the params belong to is `load_checkpoint_config(directory, step)`. With Orbax alone the same is:
+    the params belong to is `compat.load_checkpoint_config(directory, step)`. With Orbax alone the same is:
 
         mngr = ocp.CheckpointManager(directory, item_names=("state", "meta"),
                                      item_handlers={"state": ocp.PyTreeCheckpointHandler()})
@@ -677,144 +534,3 @@ def restore_params_only(directory: str | os.PathLike, step: int | None = None, t
         return checkpointer.restore_subtree(name, step, target)
     finally:
         checkpointer.close()
-
-
-def load_checkpoint_config(directory: str | os.PathLike, step: int | None = None):
-    """The ExperimentConfig saved with a checkpoint (latest step by default), or None if it has none."""
-    checkpointer = Checkpointer(directory, read_only=True)
-    try:
-        return checkpointer.config(step)
-    finally:
-        checkpointer.close()
-
-
-# ----------------------------------------------------------------------------------------------------------
-# One trainer per output folder
-# ----------------------------------------------------------------------------------------------------------
-
-LOCK_FILE = "jaxrl_llm.lock"
-_HELD: dict[str, int] = {}  # lock files this process holds -> nesting depth (experiment -> sft -> train)
-
-
-def _process_start(pid: int) -> str | None:
-    """The start time of process `pid` (Linux: /proc/<pid>/stat field 22), to tell a reused PID apart."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()
-    return fields[19] if len(fields) > 19 else None
-
-
-def _alive(pid: int, start: str | None) -> bool:
-    """Whether process `pid` (started at `start`, when recorded) still runs on this host."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
-        if state in ("Z", "X"):  # a zombie: dead, not yet reaped
-            return False
-    except OSError:
-        pass
-    now = _process_start(pid)
-    return start is None or now is None or now == start  # a different start time: the PID was reused
-
-
-class RunLock:
-    """One trainer per output folder: `<folder>/jaxrl_llm.lock` holds the owner's PID, host and start time.
-
-        with RunLock(config.run.output_dir):
-            ...   # train: checkpoints, metrics
-
-    A second process that asks for the lock while the owner runs gets RunLockedError naming the PID, host
-    and since when, instead of interleaving checkpoints and metrics. A lock left by a process that died
-    (SIGKILL, power loss) on this host is stale: it is taken over with a warning. A lock from another host
-    cannot be checked from here: the error says which file to delete once no trainer runs there. The same
-    process may nest locks on one folder (the experiment command runs SFT and GRPO under one lock).
-    """
-
-    def __init__(self, folder: str | os.PathLike, log=print):
-        self.folder = Path(folder).expanduser().absolute()
-        self.path = self.folder / LOCK_FILE
-        self.log = log
-
-    def _mine(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "host": socket.gethostname(), "pid_start": _process_start(os.getpid()),
-                "since": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv)[:500]}
-
-    def acquire(self) -> RunLock:
-        key = str(self.path)
-        if _HELD.get(key):
-            _HELD[key] += 1
-            return self
-        self.folder.mkdir(parents=True, exist_ok=True)
-        for _ in range(10):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                self._take_over_if_stale()
-                continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(self._mine(), f)
-            _HELD[key] = 1
-            return self
-        raise RunLockedError(f"could not take the lock {key!r} (it keeps changing hands)")
-
-    def _take_over_if_stale(self) -> None:
-        """Raises RunLockedError unless the lock file belongs to no live process; a stale one is removed."""
-        try:
-            owner = json.loads(self.path.read_text())
-            pid, host = int(owner["pid"]), str(owner["host"])
-        except FileNotFoundError:
-            return  # released meanwhile: try again
-        except (OSError, ValueError, KeyError, TypeError):
-            owner, pid, host = {}, None, None
-        if pid is not None:
-            since = f" since {owner.get('since')}" if owner.get("since") else ""
-            command = f" ({owner['command']})" if owner.get("command") else ""
-            if host != socket.gethostname():
-                raise RunLockedError(
-                    f"{str(self.folder)!r} is in use by PID {pid} on host {host!r}{since}{command}: one trainer per "
-                    f"output folder. If no trainer runs there any more, delete {str(self.path)!r}; or use another "
-                    "run.output_dir")
-            if pid == os.getpid() or _alive(pid, owner.get("pid_start")):
-                if pid == os.getpid():  # a lock of this very process that was not released: take it back
-                    self.path.unlink(missing_ok=True)
-                    return
-                raise RunLockedError(
-                    f"{str(self.folder)!r} is in use by PID {pid} on this host ({host}){since}{command}: one trainer "
-                    "per output folder. Wait for it to finish or stop it, or use another run.output_dir")
-            what = f"PID {pid} on host {host}{since}, which no longer runs"
-        else:
-            what = "an unreadable lock file"
-        stale = self.path.with_name(f"{LOCK_FILE}.stale-{os.getpid()}")
-        try:
-            os.rename(self.path, stale)  # atomic: of two processes taking over, one wins
-        except FileNotFoundError:
-            return
-        stale.unlink(missing_ok=True)
-        self.log(f"warning: removed the stale lock {str(self.path)!r} of {what}")
-
-    def release(self) -> None:
-        key = str(self.path)
-        if not _HELD.get(key):
-            return
-        _HELD[key] -= 1
-        if _HELD[key] == 0:
-            del _HELD[key]
-            try:
-                owner = json.loads(self.path.read_text())
-                if int(owner.get("pid", -1)) == os.getpid():
-                    self.path.unlink()
-            except (OSError, ValueError):
-                pass
-
-    def __enter__(self) -> RunLock:
-        return self.acquire()
-
-    def __exit__(self, *exc) -> None:
-        self.release()

@@ -1,4 +1,5 @@
-"""Orbax checkpoints: bitwise round trip with an optax state and keys, keep-N, clear errors, crash safety."""
+"""Orbax checkpoints: bitwise round trip with an optax state and keys, keep-N, clear errors, crash safety; a run's
+config stored and checked through `compat.run_checkpointer`."""
 
 import functools
 import os
@@ -16,6 +17,7 @@ import pytest
 
 from jaxrl_llm import checkpoint as ck
 from jaxrl_llm.checkpoint import CheckpointMismatchError, CheckpointNotFoundError, Checkpointer
+from jaxrl_llm.compat import load_checkpoint_config, run_checkpointer
 from jaxrl_llm.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,10 +70,10 @@ def leaves_equal(a, b):
 def test_round_trip_is_bitwise_in_a_fresh_checkpointer(tmp_path):
     config = load_config(TINY)
     state = make_state(jax.random.key(42))
-    with Checkpointer(tmp_path / "ckpt", keep=3, async_save=True) as saver:
+    with run_checkpointer(tmp_path / "ckpt", keep=3, async_save=True) as saver:
         assert saver.latest_step() is None
         assert saver.save(17, state, config=config, metadata={"examples_consumed": 544, "stage": 1})
-    restorer = Checkpointer(tmp_path / "ckpt")
+    restorer = run_checkpointer(tmp_path / "ckpt")
     assert restorer.latest_step() == 17
     restored = restorer.restore(target=abstract_state(), expect_config=config)
     leaves_equal(restored, state)
@@ -104,13 +106,13 @@ def test_keep_last_two(tmp_path):
 
 def test_restore_params_only(tmp_path):
     state = make_state(jax.random.key(1))
-    with Checkpointer(tmp_path, async_save=False) as saver:
+    with run_checkpointer(tmp_path, async_save=False) as saver:
         saver.save(3, state, config=load_config(TINY))
     params = ck.restore_params_only(tmp_path)
     assert set(params) == {"embed", "layer"}
     leaves_equal(params, state["params"])
     leaves_equal(ck.restore_params_only(tmp_path, 3, target=abstract_state()["params"]), state["params"])
-    assert ck.load_checkpoint_config(tmp_path) == load_config(TINY)
+    assert load_checkpoint_config(tmp_path) == load_config(TINY)
     with pytest.raises(CheckpointMismatchError, match="'embed' has shape"):
         ck.restore_params_only(tmp_path, target=abstract_state(width=6)["params"])
 
@@ -124,7 +126,7 @@ def test_clear_errors(tmp_path):
         with pytest.raises(CheckpointNotFoundError, match="no checkpoint found"):
             empty.restore(target=abstract_state())
     config = load_config(TINY)
-    with Checkpointer(tmp_path / "c", async_save=False) as saver:
+    with run_checkpointer(tmp_path / "c", async_save=False) as saver:
         saver.save(4, make_state(jax.random.key(0)), config=config)
         with pytest.raises(CheckpointNotFoundError, match=r"step 9 .* steps there: \[4\]"):
             saver.restore(9, target=abstract_state())

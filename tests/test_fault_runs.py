@@ -1,8 +1,9 @@
 """Fault injection on real runs (issue 17): SIGKILL at five moments of a tiny experiment, a full disk, an
 unwritable output folder, and checkpoints or exports that do not fit the config, through the CLI.
 
-The kill chain runs the `experiment` command in subprocesses that share one persistent compilation cache
-(set by conftest.py), so each restart costs seconds, not a compile."""
+The kill chain runs the `experiment` command's loops in subprocesses (`tests/kill_at.py`: a loop-event hook
+that SIGKILLs the process; the last, uninterrupted restart is the CLI itself) that share one persistent
+compilation cache (set by conftest.py), so each restart costs seconds, not a compile."""
 
 from __future__ import annotations
 
@@ -32,20 +33,18 @@ SMALL = ['model.num_hidden_layers=2', 'model.layer_types=["conv", "full_attentio
 CHAIN = SMALL + ["sft.steps=3", "grpo.0.steps=4", "grpo.1.steps=2", "grpo.0.rollout.max_turns=2",
                  "grpo.0.sampling.max_new_tokens=8", "checkpoint.every_steps=1", "checkpoint.async_save=true",
                  "eval.every_steps=3"]
-# Where each restart of one run is killed (`components.kill_point`: "<point>@<step>"), in order.
+# Where each restart of one run is killed (`tests/kill_at.py`: "<point>@<step>"), in order.
 KILL_POINTS = ["sft_step@2", "grpo_step@2", "async_save@3", "after_commit@4", "eval@6"]
 VOLATILE = {"time", "step_time", "games_per_s", "tokens_per_s", "sampled_tokens_per_s"}
 OUTPUTS = ("sft_metrics.jsonl", "metrics.jsonl", "eval_metrics.jsonl")
 
 
 def _experiment(out: Path, kill_at: str | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "jaxrl_llm.cli", "experiment", str(PRESET), "--set", f'run.output_dir="{out}"']
+    command = [str(ROOT / "tests" / "kill_at.py"), kill_at] if kill_at else ["-m", "jaxrl_llm.cli"]
+    cmd = [sys.executable, *command, "experiment", str(PRESET), "--set", f'run.output_dir="{out}"']
     for item in CHAIN:
         cmd += ["--set", item]
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
-    env.pop("JAXRL_LLM_TEST_KILL_AT", None)
-    if kill_at:
-        env["JAXRL_LLM_TEST_KILL_AT"] = kill_at
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
 
 

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_llm.checkpoint import (CheckpointDamagedError, Checkpointer, RunLock, RunLockedError, LOCK_FILE)
+from jaxrl_llm.checkpoint import CheckpointDamagedError, Checkpointer
+from jaxrl_llm.run_lock import LOCK_FILE, RunLock, RunLockedError
 from jaxrl_llm.cli.main import check_export_folder
 from jaxrl_llm.config import load_config
 from models import Lfm2Config, save_hf
@@ -98,7 +99,7 @@ def test_pickled_weights_are_refused(tmp_path, name):
 
 def test_a_second_trainer_is_refused_and_a_stale_lock_is_taken_over(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from jaxrl_llm.checkpoint import RunLock\n"
+        "import sys, time; from jaxrl_llm.run_lock import RunLock\n"
         f"lock = RunLock({str(tmp_path)!r}).acquire(); print('held', flush=True); time.sleep(60)")],
         stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
@@ -175,7 +176,7 @@ def test_non_finite_config_values_are_refused(key, value):
 
 def test_checkpoint_flag_on_a_folder_without_a_checkpoint_is_an_error(tmp_path):
     from jaxrl_llm.checkpoint import CheckpointNotFoundError
-    from jaxrl_llm.train.components import check_checkpoint
+    from jaxrl_llm.compat import check_checkpoint
 
     config = _with_output_dir(load_config(TINY), tmp_path / "run")
     (tmp_path / "empty").mkdir()

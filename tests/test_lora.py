@@ -196,13 +196,14 @@ def test_export_merges_the_adapters_with_the_adapted_logits(tmp_path, capsys):
     from jaxrl_llm import train
     from jaxrl_llm.checkpoint import Checkpointer
     from jaxrl_llm.cli import main
+    from jaxrl_llm.compat import run_checkpointer
     from models.hf import load_hf
 
     overrides = [f'run.output_dir="{tmp_path / "run"}"', *SMALL, "lora.rank=4", "lora.alpha=4.0"]
     config = load_config(PRESET, overrides)
     comp = train.build(config)
     adapters = _noisy(train.initial_policy(comp), jax.random.PRNGKey(9), std=0.2)
-    with Checkpointer(train.sft_dir(config), keep=1, async_save=False) as ckpt:  # as `run_sft` leaves it
+    with run_checkpointer(train.sft_dir(config), keep=1, async_save=False) as ckpt:  # as `run_sft` leaves it
         ckpt.save(2, {"params": adapters}, config=config)
     saved = Checkpointer(train.sft_dir(config), read_only=True)
     assert {k.split("/")[0] for k in saved._stored_leaves(2)[1]} == {"params"}  # adapters only
@@ -229,18 +230,15 @@ VOLATILE = {"time", "step_time", "games_per_s", "tokens_per_s", "sampled_tokens_
 
 
 def test_sigkill_then_resume_with_lora_gives_the_uninterrupted_metrics(tmp_path):
-    from jaxrl_llm.train.components import KILL_ENV
-
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(tmp_path / "xla_cache"),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-    env.pop(KILL_ENV, None)
 
-    def train(out: Path, kill: str | None = None):
-        cmd = [sys.executable, "-m", "jaxrl_llm.cli", "train", str(PRESET)]
+    def train(out: Path, kill: str | None = None):  # killed: the loop with tests/kill_at.py's hook; else the CLI
+        command = [str(ROOT / "tests" / "kill_at.py"), kill] if kill else ["-m", "jaxrl_llm.cli"]
+        cmd = [sys.executable, *command, "train", str(PRESET)]
         for item in [f'run.output_dir="{out}"', *SMALL, *RESUME]:
             cmd += ["--set", item]
-        run_env = dict(env, **({KILL_ENV: kill} if kill else {}))
-        return subprocess.run(cmd, env=run_env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
 
     ref = train(tmp_path / "ref")
     assert ref.returncode == 0, ref.stderr[-3000:]

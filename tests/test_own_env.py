@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import envs
-from envs import core
+from envs import core, registry
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.cli.main import main
 from jaxrl_llm.config import load_config, loads_config
@@ -148,7 +148,7 @@ def test_entry_points_register_lazily(tmp_path, monkeypatch):
     (info / "entry_points.txt").write_text(f"[jaxrl_llm.envs]\nguess_ep = {CLASS_PATH}\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.syspath_prepend(str(EXAMPLE))
-    monkeypatch.setattr(core, "_ENTRY_POINTS_LOADED", False)
+    monkeypatch.setattr(registry, "_ENTRY_POINTS_LOADED", False)  # the registry's flag (envs/registry.py)
     try:
         assert envs.entry_point_envs() == {"guess_ep": CLASS_PATH}
         assert "guess_ep" in envs.registered()
@@ -183,7 +183,7 @@ def test_eval_of_the_headline_model_with_another_envs_preset_is_a_named_error(ca
 
 
 def test_a_folder_without_env_record_warns_with_the_assumed_env(tmp_path, capsys):
-    from jaxrl_llm.train.components import check_hf_folder
+    from jaxrl_llm.compat import check_hf_folder
 
     folder = tmp_path / "model"
     shutil.copytree(ROOT / "experiments" / "checkpoints" / "cpu", folder)

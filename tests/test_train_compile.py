@@ -16,7 +16,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from jaxrl_llm.checkpoint import Checkpointer
+from jaxrl_llm.compat import run_checkpointer
 from jaxrl_llm.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +60,7 @@ def _write_sft_checkpoint(config, comp):
     from jaxrl_llm.train.components import fresh_params, init_key, sft_dir
 
     params = jax.device_put(fresh_params(comp, init_key(config)), jax.devices()[0])
-    with Checkpointer(sft_dir(config), keep=1, async_save=False) as ckpt:
+    with run_checkpointer(sft_dir(config), keep=1, async_save=False) as ckpt:
         ckpt.save(1, {"params": params}, config=config)
 
 

@@ -181,8 +181,8 @@ def grpo_curve_keys(comp, present) -> list[str]:
 
 def cmd_experiment(args) -> int:
     """SFT -> GRPO stages -> evaluation of the base, SFT and RL models; results table, curves, samples.
-    One lock on the output folder for the whole arc (`checkpoint.RunLock`)."""
-    from jaxrl_llm.checkpoint import RunLock
+    One lock on the output folder for the whole arc (`run_lock.RunLock`)."""
+    from jaxrl_llm.run_lock import RunLock
 
     config = _load(args)
     with RunLock(config.run.output_dir):
@@ -441,8 +441,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `jaxrl-llm` script; the errors a user can fix (config, missing or damaged files,
     checkpoints that do not fit, a locked or existing run, a full disk) print one clear line and exit 2."""
-    from jaxrl_llm.checkpoint import CheckpointDamagedError, CheckpointMismatchError, RunLockedError
+    from jaxrl_llm.checkpoint import CheckpointDamagedError, CheckpointMismatchError
     from jaxrl_llm.config import ConfigError
+    from jaxrl_llm.run_lock import RunLockedError
     from models.hf import HfCheckpointError
 
     args = build_parser().parse_args(argv)

@@ -3,11 +3,12 @@
 Reading order: `components.build` (env, tokenizer, text tables, model), `grpo_loop.make_grpo_step` (ONE
 jitted program: the env's examples -> rollout -> group advantages -> optimizer passes -> metrics),
 `grpo_loop.train_grpo` (stages and steps: checkpoints, metrics, samples), `sft_loop.run_sft`,
-`evaluate.evaluate`; `keys` names the random streams.
+`evaluate.evaluate`; `keys` names the random streams; `events` the loops' moments a caller may observe.
 """
 
+from jaxrl_llm.compat import ENV_FILE, env_record  # noqa: F401
 from jaxrl_llm.train.components import (  # noqa: F401
-    ENV_FILE, Components, base_params, build, env_record, fresh_params, fresh_trainable, init_key, initial_policy,
+    Components, base_params, build, fresh_params, fresh_trainable, init_key, initial_policy,
     make_mesh, merged_params, policy_params, policy_view, sft_dir, shard_params, trainable_target,
     fresh_start_warning, policy_source,
 )

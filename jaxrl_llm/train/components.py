@@ -1,12 +1,10 @@
 """What every command needs, built once from an `ExperimentConfig`: the env, tokenizer, text tables and model,
-and where a command's params come from (fresh, a checkpoint, an exported Hugging Face folder)."""
+and where a command's params come from (fresh, a checkpoint, an exported Hugging Face folder). The checks that
+a saved model fits the config live in `jaxrl_llm.compat`."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -15,31 +13,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_llm import text
-from jaxrl_llm.checkpoint import (CheckpointDamagedError, CheckpointMismatchError, CheckpointNotFoundError, Checkpointer,
-                                  same_env, tokenizer_mismatch, tokenizer_record)
-from jaxrl_llm.checkpoint import env_record as checkpoint_env_record
+from jaxrl_llm.checkpoint import CheckpointMismatchError
 from jaxrl_llm.checks import ConfigError
+from jaxrl_llm.compat import check_checkpoint, check_hf_folder, run_checkpointer
 from jaxrl_llm.config import ExperimentConfig
 from jaxrl_llm.generate import sampler as sampling
 from jaxrl_llm.train.keys import stream
 from models import lora as lora_lib
 from models.lfm2 import Lfm2ForCausalLM, init_cache
-
-ENV_FILE = "jaxrl_llm_env.json"  # written next to an exported HF checkpoint: the env it was trained on
-
-# Test-only fault injection (tests/test_faults.py): with JAXRL_LLM_TEST_KILL_AT="<point>@<step>" in the
-# environment, the process SIGKILLs itself when it reaches that point of that step (points: sft_step,
-# grpo_step, async_save, after_commit, eval). Unset (always, outside the fault tests), it does nothing.
-KILL_ENV = "JAXRL_LLM_TEST_KILL_AT"
-
-
-def kill_point(name: str, step: int, before=None) -> None:
-    """SIGKILLs this process at point `name` of step `step` if JAXRL_LLM_TEST_KILL_AT says so (after calling
-    `before()`, e.g. waiting for a commit); otherwise does nothing."""
-    if os.environ.get(KILL_ENV) == f"{name}@{step}":
-        if before is not None:
-            before()
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 @dataclasses.dataclass
@@ -121,22 +102,6 @@ def check_context_lengths(config: ExperimentConfig, tables: text.TextTables) -> 
                 f"{rollout_config.context_length} cannot hold the system prompt ({tables.prefix_length} tokens), one "
                 f"message (up to {tables.max_msg}) and one reply (max_new_tokens {sampling_config.max_new_tokens}): "
                 f"it must be >= {need}", where)
-
-
-def check_hf_folder(config: ExperimentConfig, folder: str | os.PathLike, what: str | None = None) -> None:
-    """A Hugging Face folder (an export, or model.init_from) must fit the config: the env it was trained on
-    (`jaxrl_llm_env.json`) and its tokenizer's vocabulary (`tokenizer.json`), when it records them.
-    Raises CheckpointMismatchError naming both values."""
-    what = what or str(folder)
-    env_file = Path(folder) / ENV_FILE
-    if env_file.is_file():
-        check_env_record(json.loads(env_file.read_text()), config, what)
-    else:
-        print(f"warning: {what} records no env (no {ENV_FILE}): assuming it was trained on the config's env "
-              f"{config.env.name!r}; an export writes the record")
-    clash = tokenizer_mismatch(tokenizer_record(folder), tokenizer_record(config.tokenizer.path), what)
-    if clash:
-        raise CheckpointMismatchError(clash)
 
 
 def fresh_params(comp: Components, key: jax.Array):
@@ -237,7 +202,7 @@ def sft_trainable(comp: Components):
     """The trainable params of this run's SFT checkpoint, or None when there is none."""
     folder = sft_dir(comp.config)
     if folder.is_dir():
-        with Checkpointer(folder, read_only=True) as ckpt:
+        with run_checkpointer(folder, read_only=True) as ckpt:
             if ckpt.latest_step() is not None:
                 return ckpt.restore_newest_good(trainable_target(comp), expect_config=comp.config,
                                                 subtree="params")[1]
@@ -249,68 +214,6 @@ def initial_policy(comp: Components):
     `fresh_trainable` (the model's params, or with LoRA the adapters)."""
     params = sft_trainable(comp)
     return fresh_trainable(comp) if params is None else params
-
-
-def env_record(config: ExperimentConfig) -> dict[str, Any]:
-    """The env a model is trained on, as JSON: {"name", "class" ("module:Class"), "params"} (checkpoints and
-    exports carry it; `checkpoint.env_record`)."""
-    return checkpoint_env_record(config)
-
-
-def check_env_record(saved: dict[str, Any] | None, config: ExperimentConfig, where: str) -> None:
-    """Raises ValueError naming both envs when a model trained on one env is used with another."""
-    if not saved:
-        return
-    mine = env_record(config)
-    if not same_env(saved, mine):
-        raise CheckpointMismatchError(
-            f"{where} was trained on env {saved.get('name')!r} but the config uses env {mine['name']!r}: use the "
-            f"preset it was trained with (or --set env.name={saved.get('name')}); to fine-tune it on another env on "
-            f"purpose, use a copy of the folder without {ENV_FILE}")
-    if saved.get("params") and saved["params"] != mine["params"]:
-        diff = [f"env.params.{k}: {saved['params'].get(k)!r} there, {mine['params'].get(k)!r} here"
-                for k in sorted(set(saved["params"]) | set(mine["params"]))
-                if saved["params"].get(k) != mine["params"].get(k)]
-        raise CheckpointMismatchError(f"{where} was trained on env {mine['name']!r} with other params "
-                                      f"({'; '.join(diff)}): use the preset it was trained with")
-
-
-def check_hf_architecture(config: ExperimentConfig, folder: str | os.PathLike) -> None:
-    """The model in a Hugging Face folder's config.json must be the config's (CheckpointMismatchError naming
-    each differing field with both values)."""
-    from models.lfm2 import Lfm2Config
-
-    saved, mine = Lfm2Config.from_pretrained(folder), config.model.lfm2_config()
-    fields = ("num_hidden_layers", "hidden_size", "vocab_size", "intermediate_size", "num_attention_heads",
-              "num_key_value_heads", "layer_types", "tie_word_embeddings", "conv_bias")
-    differ = [f"{name}: {getattr(saved, name)!r} there, {getattr(mine, name)!r} in the config"
-              for name in fields if getattr(saved, name) != getattr(mine, name)]
-    if differ:
-        raise CheckpointMismatchError(f"{folder} holds another model than the config builds ({'; '.join(differ)}): "
-                                      "use the preset it was trained with")
-
-
-def check_checkpoint(config: ExperimentConfig, checkpoint: str | os.PathLike) -> None:
-    """`--checkpoint` must name a folder that holds a model and fits the config, checked before anything is
-    built: a Hugging Face folder (its env, tokenizer and architecture) or an Orbax folder with at least one
-    committed step (its env, tokenizer and model; a damaged newest step is left to the restore, which falls
-    back). Raises CheckpointNotFoundError or CheckpointMismatchError naming both values."""
-    folder = Path(checkpoint)
-    if (folder / "config.json").is_file():
-        check_hf_folder(config, folder)
-        check_hf_architecture(config, folder)
-        return
-    if not folder.is_dir():
-        raise CheckpointNotFoundError(f"--checkpoint {checkpoint}: no such folder")
-    with Checkpointer(folder, read_only=True) as ckpt:
-        if ckpt.latest_step() is None:
-            raise CheckpointNotFoundError(
-                f"--checkpoint {checkpoint}: the folder holds no checkpoint (no committed Orbax step, no "
-                f"config.json){_checkpoint_hint(folder)}")
-        try:
-            ckpt.check_config(config)
-        except CheckpointDamagedError:
-            pass
 
 
 def _hf_params(comp: Components, folder: str, target):
@@ -331,16 +234,6 @@ def _hf_params(comp: Components, folder: str, target):
                                       f"{' ...' if len(bad) > 3 else ''}): use the preset it was trained with")
     print(f"params from {folder} (Hugging Face folder)")
     return loaded.params
-
-
-def _checkpoint_hint(folder: Path) -> str:
-    """Where under `folder` a checkpoint is, for an error message (a run folder holds checkpoints/, sft/)."""
-    found = [str(folder / name) for name in ("checkpoints", "sft") if (folder / name).is_dir()
-             and any(p.name.isdigit() for p in (folder / name).iterdir())]
-    if found:
-        return f"; did you mean {' or '.join(found)}?"
-    return ("; pass a folder that holds Orbax steps (<run.output_dir>/checkpoints or .../sft) or a Hugging Face "
-            "folder with config.json and model.safetensors (as `jaxrl-llm export` writes)")
 
 
 def policy_params(config: ExperimentConfig, comp: Components, checkpoint: str | None):
@@ -364,7 +257,7 @@ def policy_source(config: ExperimentConfig, comp: Components, checkpoint: str | 
             params = _hf_params(comp, checkpoint, jax.eval_shape(lambda: fresh_params(comp, init_key(config))))
             return params, None, str(checkpoint)
         check_checkpoint(config, checkpoint)
-        with Checkpointer(checkpoint, read_only=True) as ckpt:
+        with run_checkpointer(checkpoint, read_only=True) as ckpt:
             step, params = ckpt.restore_newest_good(target, expect_config=config, subtree="params")
             print(f"params from {checkpoint} (step {step})")
             return policy_view(comp, params), step, str(checkpoint)
@@ -372,7 +265,7 @@ def policy_source(config: ExperimentConfig, comp: Components, checkpoint: str | 
     for folder in candidates:
         if not Path(folder).is_dir():
             continue
-        with Checkpointer(folder, read_only=True) as ckpt:
+        with run_checkpointer(folder, read_only=True) as ckpt:
             if ckpt.latest_step() is not None:
                 step, params = ckpt.restore_newest_good(target, expect_config=config, subtree="params")
                 print(f"params from {folder} (step {step})")

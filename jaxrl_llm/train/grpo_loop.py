@@ -18,17 +18,20 @@ import jax.numpy as jnp
 from jaxrl_llm.algos.advantages import advantage_inputs, advantage_metrics
 from jaxrl_llm.algos.grpo import grpo_update_step
 from jaxrl_llm.algos.optim import make_optimizer
-from jaxrl_llm.checkpoint import Checkpointer, RunExistsError, RunLock
+from jaxrl_llm.checkpoint import Checkpointer
 from jaxrl_llm.checks import ConfigError
+from jaxrl_llm.compat import run_checkpointer
 from jaxrl_llm.config import ExperimentConfig
 from jaxrl_llm.log_sinks import close_sinks, open_sinks
 from jaxrl_llm.metrics import MetricsWriter, Progress, log_name, metric_kind, read_metrics
 from jaxrl_llm.rollout import Trajectory, games_text, make_rollout, model_policy, rollout, write_games_jsonl
+from jaxrl_llm.run_lock import RunExistsError, RunLock
 from jaxrl_llm.text import require_reply_template
-from jaxrl_llm.train.components import (Components, base_params, build, initial_policy, kill_point, make_mesh,
+from jaxrl_llm.train.components import (Components, base_params, build, initial_policy, make_mesh,
                                         policy_view, replicate, sft_trainable, shard_params, trainable_target)
 from models import lora
 from jaxrl_llm.train.evaluate import GENERIC_SUMMARY, evaluate
+from jaxrl_llm.train.events import EventHook, LoopEvent, no_events
 from jaxrl_llm.train.keys import stream
 
 
@@ -203,7 +206,7 @@ def refuse_existing_run(config: ExperimentConfig, ckpt: Checkpointer) -> None:
 
 
 def train_grpo(config: ExperimentConfig, comp: Components | None = None, stop_after: int | None = None,
-               log=print) -> dict[str, Any]:
+               log=print, on_event: EventHook = no_events) -> dict[str, Any]:
     """Runs (or resumes) every GRPO stage of `config`; returns {"params" (policy params:
     `components.policy_view`), "step", "metrics_path"}.
 
@@ -211,24 +214,26 @@ def train_grpo(config: ExperimentConfig, comp: Components | None = None, stop_af
     stage; metrics to `<run.output_dir>/metrics.jsonl`, one JSON object per step; every
     `run.sample_every` steps a few games to `<run.output_dir>/samples/step_<n>.jsonl`.
     stop_after: end after this many global steps (tests, time budgets); a later call resumes.
-    One trainer per output folder (`checkpoint.RunLock`); resuming skips a damaged newest checkpoint for the
+    on_event: called at the loop's moments (`train.events`: grpo_step, eval, save).
+    One trainer per output folder (`run_lock.RunLock`); resuming skips a damaged newest checkpoint for the
     newest good one, with a warning naming both; checkpoint.resume = false on an existing run is refused.
     """
     if sum(s.steps for s in config.grpo) == 0:
         raise ConfigError("there is no GRPO step to run: add a [[grpo]] stage with steps >= 1 to the preset"
                           if not config.grpo else "every [[grpo]] stage has steps = 0: nothing to train", ("grpo",))
     with RunLock(config.run.output_dir, log=log):
-        return _train_grpo_locked(config, comp, stop_after, log)
+        return _train_grpo_locked(config, comp, stop_after, log, on_event)
 
 
 def _train_grpo_locked(config: ExperimentConfig, comp: Components | None, stop_after: int | None,
-                       log) -> dict[str, Any]:
+                       log, on_event: EventHook) -> dict[str, Any]:
     comp = comp or build(config)
     out = Path(config.run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     total = sum(s.steps for s in config.grpo)
     base_key = jax.random.PRNGKey(config.run.seed)
-    ckpt = Checkpointer(config.checkpoint_dir(), keep=config.checkpoint.keep, async_save=config.checkpoint.async_save)
+    ckpt = run_checkpointer(config.checkpoint_dir(), keep=config.checkpoint.keep,
+                            async_save=config.checkpoint.async_save)
     try:
         if not config.checkpoint.resume:
             refuse_existing_run(config, ckpt)
@@ -295,7 +300,7 @@ def _train_grpo_locked(config: ExperimentConfig, comp: Components | None, stop_a
                 params, opt_state, metrics, traj = step_fn(params, opt_state, ref,
                                                            stream(config.run.seed, "grpo", step), frozen)
                 metrics = jax.device_get(metrics)
-                kill_point("grpo_step", step + 1)
+                on_event(LoopEvent("grpo_step", step + 1))
                 dt = time.perf_counter() - t0
                 record = {k: float(v) for k, v in metrics.items()}  # learning_rate: the mean rate applied
                 record.update(
@@ -310,7 +315,7 @@ def _train_grpo_locked(config: ExperimentConfig, comp: Components | None, stop_a
                     write_samples(out / "samples" / f"step_{step:06d}", comp, traj, min(4, s.batch_size), sinks, step)
                 if config.eval.every_steps and step % config.eval.every_steps == 0:
                     results = evaluate(comp, policy_view(comp, params))
-                    kill_point("eval", step)
+                    on_event(LoopEvent("eval", step))
                     with MetricsWriter(out / "eval_metrics.jsonl", resume_step=step - 1, sinks=sinks,
                                        group="eval") as evals:
                         evals.write(step, {f"{name}_{k}": v for name, r in results.items() for k, v in r.items()})
@@ -322,8 +327,7 @@ def _train_grpo_locked(config: ExperimentConfig, comp: Components | None, stop_a
                                      "rng": jax.random.key_data(base_key)}, config=config,
                               metadata={"stage": stage, "stage_step": step - (stage_end - s.steps),
                                         "games_played": games_played(config, step)})
-                    kill_point("async_save", step)
-                    kill_point("after_commit", step, before=ckpt.wait)
+                    on_event(LoopEvent("save", step, ckpt))
             if step == stage_end:
                 opt_state = None
         progress.close()

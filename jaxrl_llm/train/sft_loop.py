@@ -9,12 +9,14 @@ from typing import Any
 
 import jax
 
-from jaxrl_llm.checkpoint import Checkpointer, RunLock
+from jaxrl_llm.compat import run_checkpointer
 from jaxrl_llm.config import ExperimentConfig
 from jaxrl_llm.log_sinks import close_sinks, open_sinks
 from jaxrl_llm.metrics import MetricsWriter, Progress
-from jaxrl_llm.train.components import (Components, base_params, build, fresh_trainable, initial_policy, kill_point,
-                                        policy_view, sft_dir)
+from jaxrl_llm.run_lock import RunLock
+from jaxrl_llm.train.components import (Components, base_params, build, fresh_trainable, initial_policy, policy_view,
+                                        sft_dir)
+from jaxrl_llm.train.events import EventHook, LoopEvent, no_events
 from jaxrl_llm.train.keys import stream
 
 
@@ -61,26 +63,28 @@ def format_eval(result: dict[str, float]) -> str:
     return line
 
 
-def run_sft(config: ExperimentConfig, comp: Components | None = None, log=print, dataset=None) -> Any:
+def run_sft(config: ExperimentConfig, comp: Components | None = None, log=print, dataset=None,
+            on_event: EventHook = no_events) -> Any:
     """SFT warm-up on the env's teacher rows (or `dataset`); saves the params to `<run.output_dir>/sft`.
 
     Skipped (its params returned) when that checkpoint exists already; `sft.steps = 0` returns the fresh params.
     SFT has no checkpoint before its end: a run killed during SFT does it again from the start (the same
-    steps, so the same metrics). One trainer per output folder (`checkpoint.RunLock`).
+    steps, so the same metrics). One trainer per output folder (`run_lock.RunLock`). on_event: called after
+    each step (`train.events`: sft_step).
     With LoRA ([lora] rank >= 1) only the adapters are trained and saved; the frozen base is `base_params`.
     Returns policy params (`components.policy_view`).
     """
     with RunLock(config.run.output_dir, log=log):
-        return _run_sft_locked(config, comp, log, dataset)
+        return _run_sft_locked(config, comp, log, dataset, on_event)
 
 
-def _run_sft_locked(config: ExperimentConfig, comp: Components | None, log, dataset) -> Any:
+def _run_sft_locked(config: ExperimentConfig, comp: Components | None, log, dataset, on_event: EventHook) -> Any:
     from jaxrl_llm.algos import sft
 
     comp = comp or build(config)
     folder = sft_dir(config)
     if folder.is_dir():
-        with Checkpointer(folder, read_only=True) as ckpt:
+        with run_checkpointer(folder, read_only=True) as ckpt:
             if ckpt.latest_step() is not None:
                 log(f"SFT checkpoint found in {folder}: skipping SFT")
                 return policy_view(comp, initial_policy(comp))
@@ -97,7 +101,7 @@ def _run_sft_locked(config: ExperimentConfig, comp: Components | None, log, data
 
     def callback(step, record):
         writer.write(step + 1, record)
-        kill_point("sft_step", step + 1)
+        on_event(LoopEvent("sft_step", step + 1))
         progress.update(**{k: record[k] for k in ("loss", "accuracy", "decision_loss", "illegal_prob") if k in record})
         if "check_exact" in record:
             log(f"SFT step {step + 1}: {100 * record['check_exact']:.2f} % of the check conversations exact "
@@ -121,6 +125,6 @@ def _run_sft_locked(config: ExperimentConfig, comp: Components | None, log, data
         last = history[-1]
         log(f"SFT: {len(history)} steps; teacher-forced check on {len(check_rows)} conversations: "
             f"{100 * last['check_exact']:.2f} % exact, token accuracy {100 * last['check_token_accuracy']:.3f} %")
-    with Checkpointer(folder, keep=1, async_save=False) as ckpt:
+    with run_checkpointer(folder, keep=1, async_save=False) as ckpt:
         ckpt.save(len(history), {"params": params}, config=config)
     return policy_view(comp, params)

@@ -4,8 +4,9 @@ Pure, jittable functions of a batch of B games in GRPO groups (rows i*G .. (i+1)
 example) with T turn slots and L token positions. `token_advantages` is what the update uses; the
 `[grpo.loss]` table selects it (`GrpoConfig.advantage`, `episode_weight`, `step_weight`, `step_discount`).
 
-    "episode"  A[b, l] = A_E[b], the group advantage of the game's reward (`grpo.group_advantages`) on
-               every token: today's GRPO.
+    "episode"  A[b, l] = A_E[b], the episode advantage of the game's reward on every token: today's GRPO
+               (`grpo.group_advantages`), or RLOO's leave-one-out one with `GrpoConfig.estimator = "rloo"`
+               (`grpo.rloo_advantages`; `grpo.episode_advantages` picks).
     "step"     A[b, l] = A_S[b, t] for a token of turn t (0 on the other tokens): the step advantage of
                the turn, after GiGPO (Feng et al. 2025, arXiv 2505.10978, "step-level groups"):
                  - the turn's return, with discount gamma = step_discount, the env's turn rewards r[b, k]
@@ -30,7 +31,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.algos.grpo import GrpoConfig, group_advantages
+from jaxrl_llm.algos.grpo import GrpoConfig, episode_advantages
 
 
 def turn_returns(rewards: jax.Array, turn_rewards: jax.Array, turn_played: jax.Array, discount: float) -> jax.Array:
@@ -94,9 +95,9 @@ def token_advantages(config: GrpoConfig, rewards: jax.Array, turn_rewards: jax.A
 
     rewards float32[B] (the rubric's reward per game), turn_rewards float32[B, T], turn_keys uint32[B, T],
     turn_played bool[B, T] (`Trajectory.reply_kind >= 0`), token_turn int32[B, L]; config: its
-    `advantage`, `episode_weight`, `step_weight`, `step_discount`, `scale_rewards` and `std_eps`.
+    `advantage`, `estimator`, `episode_weight`, `step_weight`, `step_discount`, `scale_rewards` and `std_eps`.
     """
-    episode = group_advantages(rewards, group_size, config.scale_rewards, config.std_eps)
+    episode = episode_advantages(config, rewards, group_size)
     length = token_turn.shape[1]
     if config.advantage == "episode":
         return jnp.broadcast_to(episode[:, None], (episode.shape[0], length))

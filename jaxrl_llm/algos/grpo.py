@@ -2,14 +2,16 @@
 
 One update, for a batch of B trajectories laid out in groups (rows i*G .. (i+1)*G - 1 answer the same
 example), all inside one `jit`:
-  1. advantages from the rewards, per group (`group_advantages`);
+  1. advantages from the rewards, per group (`episode_advantages`: GRPO's `group_advantages`, or RLOO's
+     leave-one-out `rloo_advantages` with `GrpoConfig.estimator = "rloo"`), or given per token;
   2. with a KL penalty (beta > 0), the frozen reference model's log-probs of the batch, once;
-  3. `passes` passes over `num_minibatches` minibatches (rows shuffled per pass, or in order); each
-     minibatch recomputes the policy's log-probs with a forward (`module.apply`) over each micro-batch's
-     length bucket, with the LM head only at the loss positions, takes the gradient of `grpo_loss`
-     (optionally accumulated over `grad_accum_steps` micro-batches with `lax.scan`) and applies one optax
-     update, unless no row of the minibatch carries signal (then params and optimizer state stay as
-     they are).
+  3. the generic update (`algos.update.minibatch_update`) with this module's per-micro-batch loss
+     (`_micro_loss`): `passes` passes over `num_minibatches` minibatches (rows shuffled per pass, or in
+     order); each minibatch recomputes the policy's log-probs with a forward (`module.apply`) over each
+     micro-batch's length bucket, with the LM head only at the loss positions, takes the gradient of
+     `grpo_loss` (optionally accumulated over `grad_accum_steps` micro-batches with `lax.scan`) and
+     applies one optax update, unless no row of the minibatch carries signal (then params and optimizer
+     state stay as they are).
 The importance ratio compares the current policy with the sampler that produced the tokens: its
 log-probs are the trajectory's `logprobs` (aligned with `tokens`: position t holds log p(tokens[t])).
 
@@ -28,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxrl_llm.algos.optim import applied_learning_rate, global_norm
+from jaxrl_llm.algos.update import UpdateSchedule, bucket_lengths, bucketed_map, minibatch_update, real_lengths
 from jaxrl_llm.checks import ConfigError, check_choice, check_float, check_int
 from jaxrl_llm.generate.sampler import NOT_IN_TOML, restrict_logits
 from models import lora
@@ -37,6 +39,7 @@ LOSS_TYPES = ("token-mean", "sequence-mean-token-mean", "dr-grpo")
 SCALE_REWARDS = ("group", "none")
 LOSS_ON = ("reply", "decision")
 ADVANTAGES = ("episode", "step", "mix")
+ESTIMATORS = ("grpo", "rloo")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +104,13 @@ class GrpoConfig:
         episode + step_weight * step.
     episode_weight, step_weight: the two weights of "mix" (>= 0, not both 0; ignored otherwise).
     step_discount: the discount of the per-turn return of "step" and "mix", in [0, 1] (GiGPO's 0.95).
+    estimator: the episode advantage (`episode_advantages`): "grpo" the group-relative one
+        (`group_advantages`, with scale_rewards and std_eps); "rloo" REINFORCE's leave-one-out baseline
+        (`rloo_advantages`: a row's reward minus the mean of the other rows of its group; no std division,
+        so scale_rewards and std_eps do not touch it), through the same clipped-ratio loss, which with one
+        pass and one minibatch (ratio 1) is REINFORCE's -A grad log pi. It sets the episode advantage of
+        "episode" and of "mix" (the step part stays GiGPO's); "step" uses no episode advantage, so "rloo"
+        with it is an error.
     """
 
     group_size: int = dataclasses.field(default=8, metadata=NOT_IN_TOML)
@@ -127,6 +137,7 @@ class GrpoConfig:
     episode_weight: float = 1.0
     step_weight: float = 1.0
     step_discount: float = 0.95
+    estimator: str = "grpo"
 
     def __post_init__(self):
         check_int(self, "group_size", 2)
@@ -157,6 +168,10 @@ class GrpoConfig:
         if self.advantage == "mix" and self.episode_weight == 0 and self.step_weight == 0:
             raise ConfigError("advantage 'mix' needs episode_weight or step_weight > 0 (both are 0)",
                               ("step_weight",), "GrpoConfig")
+        check_choice(self, "estimator", ESTIMATORS)
+        if self.estimator == "rloo" and self.advantage == "step":
+            raise ConfigError("'rloo' is an episode advantage, which advantage 'step' does not use (use "
+                              "advantage 'episode' or 'mix', or estimator 'grpo')", ("estimator",), "GrpoConfig")
 
     @property
     def micro_batches(self) -> int:
@@ -169,6 +184,19 @@ class GrpoConfig:
 # ----------------------------------------------------------------------------------------------------------
 
 
+def _reward_groups(rewards: jax.Array, group_size: int) -> tuple[jax.Array, jax.Array]:
+    """The rewards by group, checked: float32[B] -> (float32[B / G, G], bool[B / G, 1] all equal in the group)."""
+    rewards = jnp.asarray(rewards, jnp.float32)
+    if rewards.ndim != 1 or rewards.shape[0] % group_size != 0:
+        raise ValueError(
+            f"rewards must be float32[B] with B a multiple of group_size {group_size}, got shape {rewards.shape}"
+        )
+    if group_size < 2:
+        raise ValueError(f"group_size must be >= 2 (got {group_size})")
+    groups = rewards.reshape(-1, group_size)
+    return groups, jnp.all(groups == groups[:, :1], axis=1, keepdims=True)
+
+
 def group_advantages(rewards: jax.Array, group_size: int, scale: str = "group", eps: float = 1e-4) -> jax.Array:
     """Group-relative advantages: float32[B] -> float32[B] (B a multiple of group_size, groups consecutive).
 
@@ -177,24 +205,37 @@ def group_advantages(rewards: jax.Array, group_size: int, scale: str = "group", 
     std_g is the SAMPLE (unbiased, ddof = 1) standard deviation over the group, as torch's default `std`
     that TRL uses; eps = 1e-4 by default (TRL's). A group with equal rewards gets exactly A = 0.
     """
-    rewards = jnp.asarray(rewards, jnp.float32)
-    if rewards.ndim != 1 or rewards.shape[0] % group_size != 0:
-        raise ValueError(
-            f"rewards must be float32[B] with B a multiple of group_size {group_size}, got shape {rewards.shape}"
-        )
-    if group_size < 2:
-        raise ValueError(f"group_size must be >= 2 (got {group_size})")
     if scale not in SCALE_REWARDS:
         raise ValueError(f"scale must be one of {SCALE_REWARDS} (got {scale!r})")
-    groups = rewards.reshape(-1, group_size)
+    groups, equal = _reward_groups(rewards, group_size)
     # A group of equal rewards gets exactly 0: its float mean may differ from them by an ulp, which the
     # std division would blow up to ~1e-4 (a spurious push on every row of the group).
-    equal = jnp.all(groups == groups[:, :1], axis=1, keepdims=True)
     centred = jnp.where(equal, 0.0, groups - groups.mean(axis=1, keepdims=True))
     if scale == "group":
         std = jnp.sqrt(jnp.sum(centred**2, axis=1, keepdims=True) / (group_size - 1))
         centred = centred / (std + eps)
     return centred.reshape(-1)
+
+
+def rloo_advantages(rewards: jax.Array, group_size: int) -> jax.Array:
+    """Leave-one-out advantages (RLOO): float32[B] -> float32[B] (B a multiple of group_size G, groups consecutive).
+
+    A[i] = r[i] - (1 / (G - 1)) * sum_{j in group(i), j != i} r[j]   (= G / (G - 1) * (r[i] - mean_g(r)))
+    Each row's REINFORCE baseline is the mean reward of the other rows of its group, which does not depend
+    on the row's own sample (Kool et al. 2019, "Buy 4 REINFORCE samples, get a baseline for free!";
+    Ahmadian et al. 2024, arXiv 2402.14740). No std division. A group with equal rewards gets exactly A = 0.
+    """
+    groups, equal = _reward_groups(rewards, group_size)
+    others = (jnp.sum(groups, axis=1, keepdims=True) - groups) / (group_size - 1)
+    return jnp.where(equal, 0.0, groups - others).reshape(-1)
+
+
+def episode_advantages(config: GrpoConfig, rewards: jax.Array, group_size: int) -> jax.Array:
+    """The episode advantage of `config.estimator`: float32[B] -> float32[B] in groups of group_size
+    (`group_advantages` with the config's scale_rewards and std_eps, or `rloo_advantages`)."""
+    if config.estimator == "rloo":
+        return rloo_advantages(rewards, group_size)
+    return group_advantages(rewards, group_size, config.scale_rewards, config.std_eps)
 
 
 def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
@@ -350,28 +391,6 @@ def policy_logprobs(module, params, tokens: jax.Array, temperature: float = 1.0,
     return logp, (token_entropy(logits) if with_entropy else None)
 
 
-def bucket_lengths(length: int, count: int) -> tuple[int, ...]:
-    """The static lengths of `GrpoConfig.length_buckets`, ascending, the last `length`.
-
-    Bucket i (1 .. count) is ceil(i * length / count) rounded up to a multiple of 8, at most `length`
-    (duplicates dropped): e.g. 400, 8 -> (56, 104, 152, 200, 256, 304, 352, 400).
-    """
-    out = {int(length)}
-    for i in range(1, count):
-        b = -(-i * length // count)
-        out.add(min(int(length), -(-b // 8) * 8))
-    return tuple(sorted(out))
-
-
-def real_lengths(loss_mask: jax.Array) -> jax.Array:
-    """The positions a row's loss needs: float32[B, L] -> int32[B], its last loss position + 1 (0: none).
-
-    A causal model's log-probs of those positions are the same over the first `real_lengths` tokens as
-    over the whole row."""
-    length = loss_mask.shape[1]
-    return jnp.max(jnp.where(loss_mask > 0, jnp.arange(1, length + 1, dtype=jnp.int32), 0), axis=1)
-
-
 def loss_slots(loss_mask: jax.Array, slots: int) -> tuple[jax.Array, jax.Array]:
     """Where each row's loss tokens are: float32[B, L], K -> (positions int32[B, K], valid bool[B, K]).
 
@@ -472,6 +491,167 @@ def _check_extras(config: GrpoConfig, shape, advantages, decision_mask, choice_l
     return advantages, decision_mask, choice_legal, choice_tokens, choice_set, choice_sets
 
 
+def _slot_layout(config: GrpoConfig, loss_mask: jax.Array) -> tuple[jax.Array, jax.Array, int]:
+    """The update's per-token layout, K slots a row: float32[B, L] -> (positions int32[B, K], valid bool[B, K], K).
+
+    With logits_at_loss_only the slots are the loss positions (`loss_slots`; K = max_completion_tokens
+    rounded up to 8, at most L, or L when it is unset); else the positions themselves (K = L; positions unused).
+    """
+    batch, length = loss_mask.shape
+    if not config.logits_at_loss_only:
+        return jnp.zeros((batch, length), jnp.int32), loss_mask > 0, length
+    bound = config.max_completion_tokens or length
+    slots = min(length, -(-bound // 8) * 8)
+    positions, valid = loss_slots(loss_mask, slots)
+    return positions, valid, slots
+
+
+def _at_slots(config: GrpoConfig, positions: jax.Array, x: jax.Array) -> jax.Array:
+    """The values at the slots of `_slot_layout`: [B, L, ...] -> [B, K, ...] (x itself when K = L)."""
+    if not config.logits_at_loss_only:
+        return x
+    return jnp.take_along_axis(x, positions.reshape(positions.shape + (1,) * (x.ndim - 2)), axis=1)
+
+
+def _slot_forward(module, config: GrpoConfig, choice_sets, policy, tokens, positions, kb: int, cset=None):
+    """The logits of rows' first kb slots: tokens int32[R, lb] (cut to their bucket), positions int32[R, K]
+    -> float32[R, kb, V]. policy: the params `module.apply` takes (with LoRA, joined); cset int8[R, kb]: the
+    slots' allowed sets (the logits restricted to them, as the sampler's; after the temperature is the same)."""
+    logits = slot_logits(module, policy, tokens, positions[:, :kb] if config.logits_at_loss_only else None,
+                         config.temperature)
+    return restrict_logits(logits, cset, choice_sets) if cset is not None else logits
+
+
+def _forward_inputs(data: dict) -> dict:
+    """What a no-gradient forward of the update's rows reads: tokens, pos, target (and cset)."""
+    return {k: data[k] for k in ("tokens", "pos", "target", "cset") if k in data}
+
+
+def _slot_logprobs(module, config: GrpoConfig, slots: int, choice_sets, policy, bucket: int, chunk: dict) -> tuple:
+    """The log-probs of a chunk's slot tokens at a bucket length, padded to K slots: (float32[R, K],)
+    (the `update.bucketed_map` fn; chunk: `_forward_inputs` of R rows)."""
+    kb = min(slots, bucket)
+    cset = chunk["cset"][:, :kb] if "cset" in chunk else None
+    logits = _slot_forward(module, config, choice_sets, policy, chunk["tokens"][:, :bucket], chunk["pos"], kb, cset)
+    return (jnp.pad(_picked_logprobs(logits, chunk["target"][:, :kb]), ((0, 0), (0, slots - kb))),)
+
+
+def _decision_sums(logits: jax.Array, micro: dict, kb: int, choice_tokens) -> dict:
+    """Entropy and illegal-choice mass summed over a micro-batch's decision slots, without gradient
+    (logits float32[R, kb, V]; {} without `decision` in micro, no illegal mass without `legal`)."""
+    if "decision" not in micro:
+        return {}
+    logits = jax.lax.stop_gradient(logits)
+    d = micro["decision"][:, :kb]
+    out = {"dec_n": jnp.sum(d), "dec_entropy": jnp.sum(d * _entropy(logits))}
+    if "legal" in micro:
+        logz = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+        p_choice = jnp.exp(logits[..., choice_tokens] - logz)  # [R, kb, C]
+        out["dec_illegal"] = jnp.sum(d * jnp.sum(jnp.where(micro["legal"][:, :kb], 0.0, p_choice), axis=-1))
+    return out
+
+
+def _micro_loss(module, config: GrpoConfig, slots: int, rows: int, frozen, choice_sets, choice_tokens,
+                p, micro: dict, bucket: int, token_count: jax.Array, key: jax.Array) -> tuple[jax.Array, dict]:
+    """The GRPO loss of one micro-batch at a bucket length (`update.minibatch_update`'s loss_fn) -> (loss, sums).
+
+    micro: R rows of `_update_data` (tokens int32[R, L]; pos, target, mask, sampler [R, K]; adv [R] or
+    [R, K]; ref, cset, decision, legal when present). rows and token_count: the minibatch's rows and loss
+    tokens (the normalisers its micro-batches share); key: the LoRA dropout key. sums: `_SUM_KEYS` and
+    the decision sums (`_decision_sums`).
+    """
+    kb = min(slots, bucket)
+    cut = lambda x: x[:, :kb]  # noqa: E731
+    policy = p if frozen is None else lora.join(frozen, p, key)
+    logits = _slot_forward(module, config, choice_sets, policy, micro["tokens"][:, :bucket], micro["pos"], kb,
+                           cut(micro["cset"]) if "cset" in micro else None)
+    entropy = _entropy(logits) if config.compute_entropy else None
+    adv = micro["adv"] if micro["adv"].ndim == 1 else cut(micro["adv"])
+    loss, sums = _loss_and_sums(_picked_logprobs(logits, cut(micro["target"])), cut(micro["sampler"]),
+                                cut(micro["ref"]) if "ref" in micro else None, adv, cut(micro["mask"]), config,
+                                token_count, rows, entropy)
+    return loss, {**sums, **_decision_sums(logits, micro, kb, choice_tokens)}
+
+
+def _update_data(config: GrpoConfig, tokens, loss_mask, sampler_logprobs, advantages, use_ref: bool,
+                 decision_mask=None, choice_legal=None, choice_set=None) -> tuple[dict, int]:
+    """The rows the generic update walks -> (data, K): tokens int32[B, L]; at the K slots (`_slot_layout`)
+    pos, target, mask, sampler, and cset / decision / legal when given ([B, K]); adv float32[B] or [B, K];
+    need (`real_lengths`) and signal (a row with an advantage != 0 on a loss token; every row when the KL
+    term is on, since it has a gradient everywhere)."""
+    positions, valid, slots = _slot_layout(config, loss_mask)
+    at = functools.partial(_at_slots, config, positions)
+    slot_mask = at(loss_mask) * valid
+    adv = advantages if advantages.ndim == 1 else at(advantages)
+    adv_2d = adv[:, None] if adv.ndim == 1 else adv
+    signal = jnp.any((adv_2d != 0) & (slot_mask > 0), axis=1)
+    data = {"tokens": tokens, "pos": positions, "target": at(tokens), "mask": slot_mask, "sampler": at(sampler_logprobs),
+            "adv": adv, "need": real_lengths(loss_mask), "signal": jnp.ones_like(signal) if use_ref else signal}
+    if choice_set is not None:  # the allowed set of each slot's token (-1: the whole vocabulary)
+        data["cset"] = at(choice_set)
+    if decision_mask is not None:  # the decision metrics' sums ride along the training forwards
+        data["decision"] = at(decision_mask) * valid
+        if choice_legal is not None:
+            data["legal"] = at(choice_legal)
+    return data, slots
+
+
+def _step_metrics(config: GrpoConfig, steps: dict) -> tuple[dict, dict]:
+    """The figures of `update.minibatch_update`'s steps -> (metrics, decision sums over the whole update).
+
+    metrics: the `grpo_loss` metrics, loss and grad_norm averaged over the optimizer steps; grad_norm_max;
+    optimizer_steps (taken); learning_rate (the mean rate of the steps taken) when the optimizer logs it.
+    """
+    steps = dict(steps)
+    taken = jnp.sum(steps.pop("optimizer_step"))
+    rate = steps.pop("learning_rate", None)
+    dec = {k: jnp.sum(steps.pop(k)) for k in list(steps) if k.startswith("dec_")}
+    per_step = _finish_metrics(steps, config.compute_entropy)
+    per_step.pop("num_tokens")
+    per_step.update(loss=steps["loss"], grad_norm=steps["grad_norm"])
+    metrics = {k: jnp.mean(v) for k, v in per_step.items()}
+    metrics.update(grad_norm_max=jnp.max(steps["grad_norm"]), optimizer_steps=taken)
+    if rate is not None:
+        metrics["learning_rate"] = jnp.sum(rate) / jnp.maximum(taken, 1.0)
+    return metrics, dec
+
+
+def _advantage_stats(advantages: jax.Array, loss_mask: jax.Array) -> dict:
+    """advantage_mean / _std / _min / _max: over rows (float32[B]) or over loss tokens (float32[B, L])."""
+    if advantages.ndim == 1:
+        stats = (jnp.mean(advantages), jnp.std(advantages), jnp.min(advantages), jnp.max(advantages))
+    else:
+        on = loss_mask > 0
+        n_on = jnp.maximum(jnp.sum(on), 1)
+        mean = jnp.sum(jnp.where(on, advantages, 0.0)) / n_on
+        std = jnp.sqrt(jnp.sum(jnp.where(on, (advantages - mean) ** 2, 0.0)) / n_on)
+        stats = (mean, std, jnp.min(jnp.where(on, advantages, jnp.inf)), jnp.max(jnp.where(on, advantages, -jnp.inf)))
+    return dict(zip(("advantage_mean", "advantage_std", "advantage_min", "advantage_max"), stats))
+
+
+def _batch_metrics(config: GrpoConfig, rewards, advantages, loss_mask, slot_mask) -> dict:
+    """The batch's figures: rewards, advantages, groups without spread, loss tokens (and those past the slots)."""
+    grouped = rewards.reshape(-1, config.group_size)
+    zero_std = jnp.mean(jnp.all(grouped == grouped[:, :1], axis=1).astype(jnp.float32))
+    return {"reward_mean": jnp.mean(rewards), "reward_std": jnp.std(rewards), **_advantage_stats(advantages, loss_mask),
+            "frac_zero_std_groups": zero_std, "frac_groups_with_spread": 1.0 - zero_std,
+            "num_tokens": jnp.sum(loss_mask), "loss_tokens_cut": jnp.sum(loss_mask) - jnp.sum(slot_mask)}
+
+
+def _decision_metrics(dec: dict, decision, after, before) -> dict:
+    """decision_tokens, decision_policy_change (mean |after - before| log-prob over the decision slots
+    float32[B, K]), decision_entropy and illegal_choice_prob (from the sums `dec`; NaN when no micro-batch
+    was computed)."""
+    n_dec = jnp.maximum(jnp.sum(decision), 1.0)
+    seen = jnp.where(dec["dec_n"] > 0, dec["dec_n"], jnp.nan)
+    out = {"decision_tokens": jnp.sum(decision),
+           "decision_policy_change": jnp.sum(decision * jnp.abs(after - before)) / n_dec,
+           "decision_entropy": dec["dec_entropy"] / seen}
+    if "dec_illegal" in dec:
+        out["illegal_choice_prob"] = dec["dec_illegal"] / seen
+    return out
+
+
 def grpo_update_step(
     module,
     optimizer: optax.GradientTransformation,
@@ -513,8 +693,10 @@ def grpo_update_step(
         restricted to set k, so its log-prob is recomputed the same way: the logits that predict it are
         `generate.restrict_logits`-ed (-inf outside the set) before the log-softmax, in the policy's, the
         reference's and the decision metrics' forwards alike.
-    Runs passes * num_minibatches optimizer steps; each minibatch's loss is `grpo_loss` over its rows (its
-    own token count / row count as normalisers, shared by its micro-batches, so accumulation is exact).
+    Runs passes * num_minibatches optimizer steps (`algos.update.minibatch_update`); each minibatch's loss
+    is `grpo_loss` over its rows (its own token count / row count as normalisers, shared by its
+    micro-batches, so accumulation is exact). Without `advantages`, the episode advantages of `rewards`
+    (`episode_advantages`: `GrpoConfig.estimator`).
     A minibatch without signal (beta = 0 and every advantage on its loss tokens 0) takes no optimizer step:
     params and optimizer state (moments, step count) stay exactly as they were.
     Each micro-batch runs at its length bucket and the LM head only at the loss positions
@@ -545,227 +727,32 @@ def grpo_update_step(
     use_ref = config.beta > 0
     if use_ref and ref_params is None:
         raise ValueError("GrpoConfig.beta > 0 needs ref_params (the frozen reference model)")
-    batch, length = tokens.shape
-    n_mb, n_acc = config.num_minibatches, config.grad_accum_steps
-    mb_rows = batch // n_mb
-    micro_rows = mb_rows // n_acc
-
-    grouped = rewards.reshape(-1, config.group_size)
-    zero_std = jnp.all(grouped == grouped[:, :1], axis=1)
     if advantages is None:
-        advantages = group_advantages(rewards, config.group_size, config.scale_rewards, config.std_eps)
+        advantages = episode_advantages(config, rewards, config.group_size)
     if config.loss_on == "decision":
         loss_mask = loss_mask * decision_mask
+    batch, length = tokens.shape
+    data, slots = _update_data(config, tokens, loss_mask, sampler_logprobs, advantages, use_ref, decision_mask,
+                               choice_legal, choice_set)
+    schedule = UpdateSchedule(bucket_lengths(length, config.length_buckets), config.num_minibatches, config.passes,
+                              config.grad_accum_steps, config.shuffle, config.skip_zero_advantage and not use_ref)
+    logprobs = functools.partial(_slot_logprobs, module, config, slots, choice_sets)
 
-    # The per-token layout: K slots a row. With logits_at_loss_only the slots are the loss positions
-    # (`loss_slots`); else the positions themselves (K = L).
-    gather = config.logits_at_loss_only
-    if gather:
-        bound = config.max_completion_tokens or length
-        slots = min(length, -(-bound // 8) * 8)
-        positions, valid = loss_slots(loss_mask, slots)
+    def no_grad_logprobs(policy):  # float32[B, K], chunk by chunk at their buckets
+        return bucketed_map(functools.partial(logprobs, policy), _forward_inputs(data), data["need"],
+                            schedule.buckets, batch // config.micro_batches)[0]
 
-        def at(x):  # [B, L, ...] -> [B, K, ...], the values at the slots
-            return jnp.take_along_axis(x, positions.reshape(positions.shape + (1,) * (x.ndim - 2)), axis=1)
-    else:
-        slots = length
-        positions, valid = jnp.zeros((batch, length), jnp.int32), loss_mask > 0
-
-        def at(x):
-            return x
-    slot_mask = at(loss_mask) * valid
-    token_adv = advantages if advantages.ndim == 1 else at(advantages)
-    adv_2d = token_adv[:, None] if token_adv.ndim == 1 else token_adv
-    buckets = bucket_lengths(length, config.length_buckets)
-    bucket_array = jnp.asarray(buckets, jnp.int32)
-    need = real_lengths(loss_mask)
-    data = {"tokens": tokens, "pos": positions, "target": at(tokens), "mask": slot_mask, "sampler": at(sampler_logprobs),
-            "adv": token_adv, "need": need, "signal": jnp.any((adv_2d != 0) & (slot_mask > 0), axis=1)}
-    restricted = choice_set is not None
-    if restricted:  # the allowed set of each slot's token (-1: the whole vocabulary)
-        data["cset"] = at(choice_set)
-
-    def policy_at(policy, tok, pos, kb, cset=None):
-        """Slot logits of micro-batch rows (tokens cut to their bucket, the first kb slots); policy: the
-        params `module.apply` takes (with LoRA, joined); cset int8[R, kb]: the slots' allowed sets (the
-        logits restricted to them, as the sampler's; restricting after the temperature is the same)."""
-        logits = slot_logits(module, policy, tok, pos[:, :kb] if gather else None, config.temperature)
-        return restrict_logits(logits, cset, choice_sets) if cset is not None else logits
-
-    def view(p):  # the policy's apply params (LoRA: joined to the frozen base, no dropout)
-        return p if frozen is None else lora.join(frozen, p)
-
-    def by_chunks(policy, fn, extra: dict):
-        """fn(logits [R, kb, V], chunk) -> tuple of [R, kb, ...] over the whole batch, without gradient: rows
-        ordered by length, in micro-batch-sized chunks, each at its bucket; returns [B, K, ...] in batch order."""
-        order = jnp.argsort(need)
-        inverse = jnp.argsort(order)
-        parts = {"tokens": tokens, "pos": positions, "target": data["target"], "need": need, **extra}
-        if restricted:
-            parts["cset"] = data["cset"]
-        chunks = {k: v[order].reshape((-1, micro_rows) + v.shape[1:]) for k, v in parts.items()}
-
-        def branch(lb, c):
-            kb = min(slots, lb)
-            logits = policy_at(policy, c["tokens"][:, :lb], c["pos"], kb, c["cset"][:, :kb] if restricted else None)
-            outs = fn(logits, {k: v[:, :kb] for k, v in c.items() if k != "tokens" and k != "need"})
-            return tuple(jnp.pad(o, ((0, 0), (0, slots - kb)) + ((0, 0),) * (o.ndim - 2)) for o in outs)
-
-        def one(c):
-            index = jnp.searchsorted(bucket_array, jnp.max(c["need"]))
-            return jax.lax.switch(index, [functools.partial(branch, lb) for lb in buckets], c)
-
-        outs = jax.lax.map(one, chunks)
-        return tuple(jax.lax.stop_gradient(o.reshape((batch,) + o.shape[2:])[inverse]) for o in outs)
-
-    if use_ref:  # once per update, without gradient
-        data["ref"] = by_chunks(ref_params, lambda logits, c: (_picked_logprobs(logits, c["target"]),), {})[0]
-    decision = None
-    sum_keys = _SUM_KEYS
-    if decision_mask is not None:  # the decision metrics' sums ride along the training forwards
-        decision = data["decision"] = at(decision_mask) * valid
-        sum_keys += ("dec_n", "dec_entropy")
-        if choice_legal is not None:
-            data["legal"] = at(choice_legal)
-            sum_keys += ("dec_illegal",)
-
-    def decision_sums(logits, micro, cut) -> dict:
-        """Entropy and illegal-choice mass summed over a micro-batch's decision slots (no gradient)."""
-        if decision is None:
-            return {}
-        logits = jax.lax.stop_gradient(logits)
-        d = cut(micro["decision"])
-        out = {"dec_n": jnp.sum(d), "dec_entropy": jnp.sum(d * _entropy(logits))}
-        if choice_legal is not None:
-            logz = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
-            p_choice = jnp.exp(logits[..., choice_tokens] - logz)  # [R, kb, C]
-            out["dec_illegal"] = jnp.sum(d * jnp.sum(jnp.where(cut(micro["legal"]), 0.0, p_choice), axis=-1))
-        return out
-
-    def micro_branch(lb, p, micro, token_count, drop_key):
-        """(loss, sums), grads of one micro-batch at bucket length lb."""
-        kb = min(slots, lb)
-        cut = lambda x: x[:, :kb]  # noqa: E731
-
-        def loss_fn(p):
-            policy = p if frozen is None else lora.join(frozen, p, drop_key)
-            logits = policy_at(policy, micro["tokens"][:, :lb], micro["pos"], kb,
-                               cut(micro["cset"]) if restricted else None)
-            ent = _entropy(logits) if config.compute_entropy else None
-            adv = micro["adv"] if micro["adv"].ndim == 1 else cut(micro["adv"])
-            loss, sums = _loss_and_sums(_picked_logprobs(logits, cut(micro["target"])), cut(micro["sampler"]),
-                                        cut(micro["ref"]) if use_ref else None, adv, cut(micro["mask"]), config,
-                                        token_count, mb_rows, ent)
-            return loss, {**sums, **decision_sums(logits, micro, cut)}
-
-        return jax.value_and_grad(loss_fn, has_aux=True)(p)
-
-    skip = config.skip_zero_advantage and not use_ref
-
-    def zero_grads(p, micro, token_count, drop_key):
-        return ((jnp.zeros((), jnp.float32), {k: jnp.zeros((), jnp.float32) for k in sum_keys}),
-                jax.tree_util.tree_map(jnp.zeros_like, p))
-
-    def micro_grads(p, micro, token_count, drop_key):
-        """(loss, sums), grads of one micro-batch at its bucket; the exact zeros without computing when no
-        row has signal (skip_zero_advantage)."""
-        branches = [functools.partial(micro_branch, lb) for lb in buckets]
-        index = jnp.searchsorted(bucket_array, jnp.max(micro["need"]))
-        if skip:
-            branches = [zero_grads] + branches
-            index = jnp.where(jnp.any(micro["signal"]), index + 1, 0)
-        if len(branches) == 1:
-            return branches[0](p, micro, token_count, drop_key)
-        return jax.lax.switch(index, branches, p, micro, token_count, drop_key)
-
-    def minibatch_step(carry, xs):
-        p, o = carry
-        mb, mb_key = xs
-        token_count = jnp.sum(mb["mask"])
-        if n_acc > 1 and (skip or len(buckets) > 1):
-            # Rows with signal first (whole micro-batches can skip), each part by length (short buckets).
-            rank = jnp.where(mb["signal"], 0, length + 1) if skip else jnp.zeros_like(mb["need"])
-            order = jnp.argsort(rank + (mb["need"] if len(buckets) > 1 else 0), stable=True)
-            mb = jax.tree_util.tree_map(lambda x: x[order], mb)
-        if n_acc == 1:
-            (loss, sums), grads = micro_grads(p, mb, token_count, mb_key)
-        else:
-            micros = jax.tree_util.tree_map(lambda x: x.reshape((n_acc, micro_rows) + x.shape[1:]), mb)
-
-            def accumulate(acc, xs):
-                micro, micro_key = xs
-                (loss, sums), grads = micro_grads(p, micro, token_count, micro_key)
-                # Every micro-batch is normalised by the minibatch's totals: summing is the exact mean.
-                return jax.tree_util.tree_map(jnp.add, acc, (loss, sums, grads)), None
-
-            zeros = (jnp.zeros((), jnp.float32), {k: jnp.zeros((), jnp.float32) for k in sum_keys},
-                     jax.tree_util.tree_map(jnp.zeros_like, p))
-            (loss, sums, grads), _ = jax.lax.scan(accumulate, zeros, (micros, jax.random.split(mb_key, n_acc)))
-        grad_norm = global_norm(grads)
-        updates, new_o = optimizer.update(grads, o, p)
-        new_p = optax.apply_updates(p, updates)
-        # No signal (beta = 0, every advantage 0): no step at all, so Adam's moments cannot drift the weights.
-        stepped = jnp.asarray(True) if use_ref else jnp.any(mb["signal"])
-        p, o = jax.tree_util.tree_map(lambda new, old: jnp.where(stepped, new, old), (new_p, new_o), (p, o))
-        metrics = _finish_metrics(sums, config.compute_entropy)
-        metrics.pop("num_tokens")
-        metrics.update(loss=loss, grad_norm=grad_norm, optimizer_step=stepped.astype(jnp.float32))
-        metrics.update({k: v for k, v in sums.items() if k.startswith("dec_")})
-        rate = applied_learning_rate(new_o)
-        if rate is not None:
-            metrics["learning_rate"] = jnp.where(stepped, jnp.asarray(rate, jnp.float32), 0.0)
-        return (p, o), metrics
-
-    def one_pass(carry, pass_key):
-        if config.shuffle:
-            order = jax.random.permutation(pass_key, batch)
-            shuffled = jax.tree_util.tree_map(lambda x: x[order], data)
-        else:
-            shuffled = data
-        minibatches = jax.tree_util.tree_map(lambda x: x.reshape((n_mb, mb_rows) + x.shape[1:]), shuffled)
-        drop_keys = jax.random.split(jax.random.fold_in(pass_key, 1), n_mb)  # LoRA dropout (unused otherwise)
-        return jax.lax.scan(minibatch_step, carry, (minibatches, drop_keys))
-
-    (params, opt_state), steps = jax.lax.scan(one_pass, (params, opt_state), jax.random.split(key, config.passes))
-    taken = jnp.sum(steps.pop("optimizer_step"))
-    rate = steps.pop("learning_rate", None)
-    dec = {k: jnp.sum(steps.pop(k)) for k in list(steps) if k.startswith("dec_")}
-    metrics = {k: jnp.mean(v) for k, v in steps.items()}
-    if rate is not None:
-        metrics["learning_rate"] = jnp.sum(rate) / jnp.maximum(taken, 1.0)
-    on = loss_mask > 0
-    if advantages.ndim == 1:
-        adv_stats = (jnp.mean(advantages), jnp.std(advantages), jnp.min(advantages), jnp.max(advantages))
-    else:
-        n_on = jnp.maximum(jnp.sum(on), 1)
-        mean = jnp.sum(jnp.where(on, advantages, 0.0)) / n_on
-        std = jnp.sqrt(jnp.sum(jnp.where(on, (advantages - mean) ** 2, 0.0)) / n_on)
-        adv_stats = (mean, std, jnp.min(jnp.where(on, advantages, jnp.inf)), jnp.max(jnp.where(on, advantages, -jnp.inf)))
-    metrics.update(
-        grad_norm_max=jnp.max(steps["grad_norm"]),
-        optimizer_steps=taken,
-        reward_mean=jnp.mean(rewards),
-        reward_std=jnp.std(rewards),
-        advantage_mean=adv_stats[0],
-        advantage_std=adv_stats[1],
-        advantage_min=adv_stats[2],
-        advantage_max=adv_stats[3],
-        frac_zero_std_groups=jnp.mean(zero_std.astype(jnp.float32)),
-        frac_groups_with_spread=1.0 - jnp.mean(zero_std.astype(jnp.float32)),
-        num_tokens=jnp.sum(loss_mask),
-        loss_tokens_cut=jnp.sum(loss_mask) - jnp.sum(slot_mask),
-    )
-    if decision is not None:  # one no-grad forward after the update; before = the sampler's log-probs
-        after = by_chunks(view(params), lambda logits, c: (_picked_logprobs(logits, c["target"]),), {})[0]
-        n_dec = jnp.maximum(jnp.sum(decision), 1.0)
-        seen = jnp.where(dec["dec_n"] > 0, dec["dec_n"], jnp.nan)  # NaN when every micro-batch skipped
-        metrics.update(
-            decision_tokens=jnp.sum(decision),
-            decision_policy_change=jnp.sum(decision * jnp.abs(after - data["sampler"])) / n_dec,
-            decision_entropy=dec["dec_entropy"] / seen,
-        )
-        if choice_legal is not None:
-            metrics["illegal_choice_prob"] = dec["dec_illegal"] / seen
+    if use_ref:  # once per update
+        data["ref"] = no_grad_logprobs(ref_params)
+    loss_fn = functools.partial(_micro_loss, module, config, slots, batch // config.num_minibatches, frozen,
+                                choice_sets, choice_tokens)
+    params, opt_state, steps = minibatch_update(loss_fn, optimizer, schedule, params, opt_state, data, key,
+                                                normalisers=lambda mb: jnp.sum(mb["mask"]))
+    metrics, dec = _step_metrics(config, steps)
+    metrics.update(_batch_metrics(config, rewards, advantages, loss_mask, data["mask"]))
+    if "decision" in data:  # one no-grad forward after the update; before = the sampler's log-probs
+        after = no_grad_logprobs(params if frozen is None else lora.join(frozen, params))
+        metrics.update(_decision_metrics(dec, data["decision"], after, data["sampler"]))
     return params, opt_state, metrics
 
 

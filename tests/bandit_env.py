@@ -18,6 +18,25 @@ import envs
 from jaxrl_llm.checks import check_int
 
 SYSTEM_PROMPT = "Pick a cell. Reply <move>k</move>.\n"
+# The tests' shared TOML head: a one-layer tiny model on the bandit, one turn (each test appends its stages).
+MODEL_AND_ENV_TOML = """
+[model]
+preset = "tiny"
+vocab_size = 576
+hidden_size = 64
+num_hidden_layers = 1
+layer_types = ["full_attention"]
+
+[env]
+name = "bandit"
+
+[sampling]
+max_new_tokens = 8
+
+[rollout]
+context_length = 64
+max_turns = 1
+"""
 MESSAGE = "Cells: 0 1 2 3"
 
 

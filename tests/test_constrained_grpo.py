@@ -26,25 +26,11 @@ from jaxrl_llm.rollout import make_rollout
 from jaxrl_llm.train.components import fresh_params, fresh_start_warning
 from jaxrl_llm.train.grpo_loop import decision_inputs, placed_like_outputs
 
+from bandit_env import MODEL_AND_ENV_TOML  # noqa: E402  (tests/ is on sys.path)
+
 envs.register("bandit", "bandit_env:Bandit", overwrite=True)
 
-CONFIG = """
-[model]
-preset = "tiny"
-vocab_size = 576
-hidden_size = 64
-num_hidden_layers = 1
-layer_types = ["full_attention"]
-
-[env]
-name = "bandit"
-
-[sampling]
-max_new_tokens = 8
-
-[rollout]
-context_length = 64
-max_turns = 1
+CONFIG = MODEL_AND_ENV_TOML + """
 
 [[grpo]]
 steps = 1

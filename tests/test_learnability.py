@@ -19,26 +19,12 @@ from jaxrl_llm.config import loads_config
 from jaxrl_llm.train.grpo_loop import placed_like_outputs
 from jaxrl_llm.train.keys import stream
 
+from bandit_env import MODEL_AND_ENV_TOML  # noqa: E402  (tests/ is on sys.path)
+
 envs.register("bandit", "bandit_env:Bandit", overwrite=True)
 
 STEPS = 40
-CONFIG = """
-[model]
-preset = "tiny"
-vocab_size = 576
-hidden_size = 64
-num_hidden_layers = 1
-layer_types = ["full_attention"]
-
-[env]
-name = "bandit"
-
-[sampling]
-max_new_tokens = 8
-
-[rollout]
-context_length = 64
-max_turns = 1
+CONFIG = MODEL_AND_ENV_TOML + """
 
 [sft]
 steps = 200

@@ -38,14 +38,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     import envs
     from envs.random_play import play_random, random_games
-    from jaxrl_llm.config import ConfigError, parse_override
     from jaxrl_llm.metrics import format_metric, metric_kind
 
-    try:
-        params = {".".join(key): value for key, value in map(parse_override, args.set or ())}
-        env = envs.make(args.env, **params)
-    except (KeyError, TypeError, ValueError, ConfigError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    env = _env_from_args(args)
+    if env is None:
         return 2
     print(f"JAX {jax.__version__} on {jax.devices()[0].platform}: env {env.name}, {args.games} games of a random "
           f"player per evaluation setting")
@@ -356,17 +352,27 @@ def cmd_envs(args) -> int:
     return 0
 
 
-def cmd_check_env(args) -> int:
-    """`envs.check_env` on an env (a registered name, an entry point or a class path): each check passed, or
-    every failure (exit 1)."""
+def _env_from_args(args):
+    """The env named by `args.env` with the `--set key=value` params of `args.set`, or None after printing the
+    error (an unknown name, a bad param) to stderr."""
     import envs
     from jaxrl_llm.config import ConfigError, parse_override
 
     try:
         params = {".".join(key): value for key, value in map(parse_override, args.set or ())}
-        env = envs.make(args.env, **params)
+        return envs.make(args.env, **params)
     except (KeyError, TypeError, ValueError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return None
+
+
+def cmd_check_env(args) -> int:
+    """`envs.check_env` on an env (a registered name, an entry point or a class path): each check passed, or
+    every failure (exit 1)."""
+    import envs
+
+    env = _env_from_args(args)
+    if env is None:
         return 2
     try:
         passed = envs.check_env(env, max_turns=args.max_turns)

@@ -373,6 +373,14 @@ def decode(
 
     state = jax.lax.while_loop(cond, body, state)
     written = jnp.arange(n_new, dtype=jnp.int32)[None, :] < state.lengths[:, None]
+    return _output(state, active, sampled=written, content=jnp.zeros((batch, n_new), bool),
+                   choice_set=jnp.full((batch, n_new), -1, jnp.int8))
+
+
+def _output(state, active: jax.Array, sampled: jax.Array, content: jax.Array, choice_set: jax.Array
+            ) -> SampleOutput:
+    """The SampleOutput of a finished decode loop's state (either loop's: the fields they share), with the
+    per-token masks the loop computed (bool[B, N], bool[B, N], int8[B, N])."""
     return SampleOutput(
         tokens=state.tokens,
         lengths=state.lengths,
@@ -381,9 +389,9 @@ def decode(
         logprobs=state.logprobs,
         model_logprobs=state.model_logprobs,
         cache=state.cache,
-        sampled=written,
-        content=jnp.zeros((batch, n_new), bool),
-        choice_set=jnp.full((batch, n_new), -1, jnp.int8),
+        sampled=sampled,
+        content=content,
+        choice_set=choice_set,
     )
 
 
@@ -446,18 +454,8 @@ def _decode_constrained(model_fn: ModelFn, config: SamplingConfig, params, next_
         )
 
     state = jax.lax.while_loop(cond, body, state)
-    return SampleOutput(
-        tokens=state.tokens,
-        lengths=state.lengths,
-        done=state.done,
-        truncated=active & ~state.done,
-        logprobs=state.logprobs,
-        model_logprobs=state.model_logprobs,
-        cache=state.cache,
-        sampled=state.auto.sampled,
-        content=state.auto.content,
-        choice_set=state.auto.choice_set,
-    )
+    return _output(state, active, sampled=state.auto.sampled, content=state.auto.content,
+                   choice_set=state.auto.choice_set)
 
 
 def _sample_impl(

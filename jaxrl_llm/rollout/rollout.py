@@ -1,6 +1,10 @@
 """Multi-turn rollouts: a language model plays whole episodes of any env as text, inside one `jit`.
 
-One turn, for every game of the batch at once (`_turn`, in four named parts):
+`rollout` is three named stages of one traceable program: `_set_up` (reset the games, plan the cache
+stages, prefill the system prefix, the empty `Carry` of `carry.py`), `_turn_loop` (the turns, then
+`_send_final_messages`) and `_trajectory` (the buffers, rubric and metrics as a `Trajectory`).
+
+One turn, for every game of the batch at once (`_turn`, in four named parts, then `_log_turn`):
   1. `_append_message`: render the env's message for each game's state as tokens (the env's slot codes
      through `text.render_turn`) and append it to the conversation buffer and, through one chunked
      prefill at each game's own offset, to the model cache;
@@ -28,6 +32,9 @@ from envs.core import Env, Episode, ParsedReply
 from jaxrl_llm import text
 from jaxrl_llm.checks import check_int
 from jaxrl_llm.generate import sampler as sampling
+from jaxrl_llm.rollout.carry import (  # noqa: F401 (Buffer, Flags: re-exported)
+    Buffer, Carry, Flags, TurnLog, extend_buffer, initial_carry, where_rows,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,96 +173,6 @@ def scripted_policy(reply_tokens: jax.Array, reply_lengths: jax.Array, eos_id: i
     return policy
 
 
-# ----------------------------------------------------------------------------------------------------------
-# The loop's carry
-# ----------------------------------------------------------------------------------------------------------
-
-
-class Buffer(NamedTuple):
-    """The conversation of every game: tokens int32[B, L], loss_mask / logprobs / decision float32[B, L],
-    choice_set int8[B, L], cursor int32[B]."""
-
-    tokens: jax.Array
-    loss_mask: jax.Array
-    logprobs: jax.Array
-    cursor: jax.Array
-    decision: jax.Array
-    choice_set: jax.Array
-
-
-class Flags(NamedTuple):
-    """Per-game bools[B]: the last reply was cut without its end-of-turn token, the final message of a
-    finished game is in the buffer, the game was cut by the context limit."""
-
-    needs_end: jax.Array
-    final_sent: jax.Array
-    context_cut: jax.Array
-
-
-class TurnLog(NamedTuple):
-    """Per-game, per-turn facts [B, T]: reply lengths, format flags, truncation, parse kind and value; the
-    reply's first position, the turn's reward, the key of the state it was played from, its legal
-    choices [B, T, C]."""
-
-    lengths: jax.Array
-    format: jax.Array
-    truncated: jax.Array
-    kind: jax.Array
-    value: jax.Array
-    start: jax.Array
-    reward: jax.Array
-    key: jax.Array
-    legal: jax.Array
-
-
-class Carry(NamedTuple):
-    """The state of the turn loop."""
-
-    turn: jax.Array  # int32[]: turns played so far
-    key: jax.Array
-    state: Any  # the env's states [B]
-    cache: Any  # the model cache (None for a scripted policy)
-    buffer: Buffer
-    flags: Flags
-    log: TurnLog
-
-
-def _write(buffer: jax.Array, start: jax.Array, values: jax.Array, lengths: jax.Array, fill) -> jax.Array:
-    """Row-wise write of values[b, :lengths[b]] at buffer[b, start[b]:]: [B, L], [B], [B, W], [B] -> [B, L].
-
-    Positions past each row's length get `fill`; writes past L are dropped.
-    """
-    width = values.shape[1]
-    cols = jnp.arange(width, dtype=jnp.int32)
-    values = jnp.where(cols[None, :] < lengths[:, None], values, jnp.asarray(fill, values.dtype))
-    rows = jnp.arange(buffer.shape[0], dtype=jnp.int32)[:, None]
-    return buffer.at[rows, start[:, None] + cols[None, :]].set(values, mode="drop")
-
-
-def _extend(buffer: Buffer, tokens: jax.Array, lengths: jax.Array, pad_id: int, sampled: bool,
-            logprobs: jax.Array | None = None, reply: Reply | None = None, decision: jax.Array | None = None
-            ) -> Buffer:
-    """Appends tokens[b, :lengths[b]] to every game's conversation (loss mask 1 iff `sampled`; a reply's
-    own `sampled` mask, when it has one, leaves its forced tokens out); decision bool[B, N] or None."""
-    shape = tokens.shape
-    mask = jnp.ones(shape, jnp.float32) if sampled else jnp.zeros(shape, jnp.float32)
-    if sampled and reply is not None and reply.sampled is not None:
-        mask = reply.sampled.astype(jnp.float32)
-    logprobs = jnp.zeros(shape, jnp.float32) if logprobs is None else logprobs
-    decision = jnp.zeros(shape, jnp.float32) if decision is None else decision.astype(jnp.float32)
-    choice_set = jnp.full(shape, -1, jnp.int8)
-    if reply is not None and reply.choice_set is not None:
-        choice_set = reply.choice_set.astype(jnp.int8)
-    return Buffer(
-        tokens=_write(buffer.tokens, buffer.cursor, tokens, lengths, pad_id),
-        loss_mask=_write(buffer.loss_mask, buffer.cursor, mask, lengths, 0.0),
-        logprobs=_write(buffer.logprobs, buffer.cursor, logprobs, lengths, 0.0),
-        cursor=buffer.cursor + lengths,
-        decision=_write(buffer.decision, buffer.cursor, decision, lengths, 0.0),
-        choice_set=_write(buffer.choice_set, buffer.cursor, choice_set, lengths, -1),
-    )
-
-
 def cache_stage_plan(config: RolloutConfig, max_new_tokens: int, prefix_len: int, max_chunk: int
                      ) -> list[tuple[int, int]]:
     """Static (end turn, cache positions) of each cache stage, in order; the last holds context_length.
@@ -290,6 +207,29 @@ def grow_cache(cache, init_cache: Callable[[int, int], Any], batch: int, max_len
     return jax.tree_util.tree_map(copy, bigger, cache)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Run:
+    """What every stage of one rollout call reads and never changes: the env, the policy and model, the
+    tables, the limits, and the batch's static sizes (B games, C legal choices per turn, 0 when the env
+    cannot say). Built by `_set_up`; a plain Python object inside the trace, not a carried pytree."""
+
+    env: Env
+    policy: Policy
+    model_fn: sampling.ModelFn | None
+    params: Any
+    init_cache: Callable[[int, int], Any] | None
+    tables: text.TextTables
+    grammar: Any
+    config: RolloutConfig
+    sampling_config: sampling.SamplingConfig
+    batch: int
+    num_choices: int
+
+    def legal_of(self, state) -> jax.Array:
+        """The legal choices bool[C] of one game's state (`Env.legal_choices`)."""
+        return self.env.legal_choices(state, params=self.env.params)
+
+
 def _message_chunk(env: Env, tables: text.TextTables, state, first, needs_end, send):
     """The next chunk per game: [`<|im_end|>` if the reply was cut] + the rendered user turn.
 
@@ -308,9 +248,181 @@ def _message_chunk(env: Env, tables: text.TextTables, state, first, needs_end, s
     return chunk, lengths
 
 
-def _where_rows(mask: jax.Array, new, old):
-    """Per-row select over two pytrees of arrays with a leading batch axis."""
-    return jax.tree_util.tree_map(lambda n, o: jnp.where(mask.reshape((-1,) + (1,) * (n.ndim - 1)), n, o), new, old)
+# ----------------------------------------------------------------------------------------------------------
+# Stage 1: set-up (the run's constants, the context check, the cache plan, the prefilled prefix)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _check_context(tables: text.TextTables, config: RolloutConfig, n_new: int) -> None:
+    """Raises ValueError when the context cannot hold the system prefix, one message and one reply."""
+    p0, length = tables.prefix.shape[0], config.context_length
+    if p0 + tables.max_msg + 1 + n_new > length:
+        raise ValueError(
+            f"context_length {length} cannot hold the system prefix ({p0} tokens), one message "
+            f"({tables.max_msg}) and one reply ({n_new}); raise context_length to >= {p0 + tables.max_msg + 1 + n_new}"
+        )
+
+
+def _prefilled_prefix(run: _Run, max_len: int):
+    """A cache of `max_len` positions per game holding the system prefix (None without a model).
+
+    The prefix is the same for every game: prefilled once, its cache broadcast to the batch."""
+    if run.model_fn is None:
+        return None
+    prefix = run.tables.prefix
+    one = run.init_cache(1, max_len)
+    _, one = run.model_fn(run.params, prefix[None, :], one, jnp.full((1,), prefix.shape[0], jnp.int32))
+    return jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (run.batch,) + x.shape[1:]), one)
+
+
+def _set_up(env: Env, policy: Policy, model_fn, params, init_cache, tables: text.TextTables, examples,
+            key: jax.Array, config: RolloutConfig, sampling_config: sampling.SamplingConfig):
+    """The run's constants, its cache plan (`cache_stage_plan`) and the carry before the first turn."""
+    batch = jax.tree_util.tree_leaves(examples)[0].shape[0]
+    state = jax.vmap(env.reset, in_axes=(0, None))(examples, env.params)
+    legal_of = functools.partial(env.legal_choices, params=env.params)
+    legal_shape = jax.eval_shape(legal_of, jax.tree_util.tree_map(lambda x: x[0], state))
+    run = _Run(env=env, policy=policy, model_fn=model_fn, params=params, init_cache=init_cache, tables=tables,
+               grammar=env.reply_grammar(env.params), config=config, sampling_config=sampling_config,
+               batch=batch, num_choices=0 if legal_shape is None else legal_shape.shape[-1])
+    n_new = sampling_config.max_new_tokens
+    _check_context(tables, config, n_new)
+    stages = cache_stage_plan(config, n_new, tables.prefix.shape[0], tables.max_msg + 1)
+    carry = initial_carry(key, state, _prefilled_prefix(run, stages[0][1]), tables.prefix, tables.pad_id,
+                          config.context_length, config.max_turns, run.num_choices)
+    return run, stages, carry
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Stage 2: the turn loop (one turn in four named parts, then its log)
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _playing(run: _Run, c: Carry) -> jax.Array:
+    """bool[B]: the game is neither over nor cut by the context."""
+    return ~jax.vmap(run.env.done)(c.state) & ~c.flags.context_cut
+
+
+def _pending_final(run: _Run, c: Carry) -> jax.Array:
+    """bool[B]: the game is over and its final message (when the env has one) is not in the buffer yet."""
+    if not run.env.final_message:
+        return jnp.zeros((run.batch,), bool)
+    return jax.vmap(run.env.done)(c.state) & ~c.flags.final_sent & ~c.flags.context_cut
+
+
+def _append_message(run: _Run, c: Carry, chunk, chunk_len):
+    """Writes the chunk into the buffer and the cache; returns (carry, next-token logits [B, V])."""
+    next_logits, cache = None, c.cache
+    if run.model_fn is not None:
+        logits, cache = run.model_fn(run.params, chunk, c.cache, chunk_len)
+        next_logits = sampling.last_logits(logits, chunk_len)
+    return c._replace(buffer=extend_buffer(c.buffer, chunk, chunk_len, run.tables.pad_id, sampled=False),
+                      cache=cache), next_logits
+
+
+def _generate_reply(run: _Run, c: Carry, next_logits, active):
+    """The policy's reply for the active games, appended to the buffer; returns (carry, reply, lengths)."""
+    tables = run.tables
+    key, sub = jax.random.split(c.key)
+    if run.sampling_config.constrained:
+        reply = run.policy(c.turn, next_logits, c.cache, sub, active, constraint=text.require_reply_template(tables))
+    else:
+        reply = run.policy(c.turn, next_logits, c.cache, sub, active)
+    lengths = jnp.where(active, reply.lengths, 0)
+    decision = reply.content
+    if decision is None:  # the tokens of the parsed content (the parser reads the reply without its end of turn)
+        text_len = lengths - (reply.ended & active).astype(jnp.int32)
+        decision = jax.vmap(text.content_token_mask, in_axes=(None, None, 0, 0))(tables, run.grammar, reply.tokens,
+                                                                                  text_len)
+    buffer = extend_buffer(c.buffer, reply.tokens, lengths, tables.pad_id, sampled=True, logprobs=reply.logprobs,
+                           reply=reply, decision=decision)
+    return c._replace(key=key, cache=reply.cache, buffer=buffer), reply, lengths
+
+
+def _parse_reply(run: _Run, reply: Reply, lengths, ended) -> ParsedReply:
+    """The env's grammar read over each reply (without its end-of-turn token)."""
+    text_len = lengths - ended.astype(jnp.int32)
+    return jax.vmap(text.parse_reply, in_axes=(None, None, 0, 0))(run.tables, run.grammar, reply.tokens, text_len)
+
+
+def _env_step(run: _Run, c: Carry, parsed: ParsedReply, active):
+    """`env.step` with the parsed replies, for the active games only."""
+    stepped = jax.vmap(run.env.step, in_axes=(0, 0, None))(c.state, parsed, run.env.params)
+    return c._replace(state=where_rows(active, stepped, c.state))
+
+
+def _state_facts(run: _Run, log: TurnLog, state, active):
+    """The key (uint32[B], never 0 for an active game, 0 otherwise) and the legal choices bool[B, C] of the
+    states a turn is played from."""
+    state_key = jax.vmap(run.env.state_key, in_axes=(0, None))(state, run.env.params)
+    state_key = jnp.where(active, jnp.where(state_key == 0, 1, state_key), 0).astype(jnp.uint32)
+    legal = log.legal[:, 0]
+    if run.num_choices:
+        legal = jax.vmap(run.legal_of)(state) & active[:, None]
+    return state_key, legal
+
+
+def _log_turn(log: TurnLog, t, active, lengths, ended, parsed: ParsedReply, start, turn_reward, state_key,
+              legal) -> TurnLog:
+    """Turn t's facts written into column t of the log (the defaults for games not active)."""
+    kind = jnp.where(active, jnp.where(parsed.found, jnp.where(parsed.valid, 2, 1), 0), -1).astype(jnp.int8)
+    return TurnLog(lengths=log.lengths.at[:, t].set(lengths),
+                   format=log.format.at[:, t].set(active & parsed.format_ok),
+                   truncated=log.truncated.at[:, t].set(active & ~ended),
+                   kind=log.kind.at[:, t].set(kind),
+                   value=log.value.at[:, t].set(jnp.where(active & parsed.valid, parsed.value, 0)),
+                   start=log.start.at[:, t].set(jnp.where(active, start, 0)),
+                   reward=log.reward.at[:, t].set(jnp.where(active, turn_reward, 0.0)),
+                   key=log.key.at[:, t].set(state_key),
+                   legal=log.legal.at[:, t].set(legal))
+
+
+def _turn(run: _Run, c: Carry) -> Carry:
+    """One turn of every game: message, reply, parse, env step, log."""
+    live = _playing(run, c)
+    send = live | _pending_final(run, c)
+    chunk, chunk_len = _message_chunk(run.env, run.tables, c.state, c.turn == 0, c.flags.needs_end, send)
+    # A game whose message and a full reply would overflow the context is cut before this turn.
+    fits = c.buffer.cursor + chunk_len + run.sampling_config.max_new_tokens <= run.config.context_length
+    send = send & fits
+    c = c._replace(flags=c.flags._replace(final_sent=c.flags.final_sent | (send & ~live),
+                                          context_cut=c.flags.context_cut | (live & ~fits)))
+    c, next_logits = _append_message(run, c, chunk, jnp.where(send, chunk_len, 0))
+    active = live & fits
+    start, prev_state = c.buffer.cursor, c.state
+    state_key, legal = _state_facts(run, c.log, prev_state, active)
+    c, reply, lengths = _generate_reply(run, c, next_logits, active)
+    ended = reply.ended & active
+    parsed = _parse_reply(run, reply, lengths, ended)
+    c = _env_step(run, c, parsed, active)
+    turn_reward = jax.vmap(run.env.turn_reward, in_axes=(0, 0, None))(prev_state, c.state, run.env.params)
+    log = _log_turn(c.log, c.turn, active, lengths, ended, parsed, start, turn_reward, state_key, legal)
+    return c._replace(turn=c.turn + 1, flags=c.flags._replace(needs_end=jnp.where(active, ~ended, c.flags.needs_end)),
+                      log=log)
+
+
+def _turn_loop(run: _Run, stages: list[tuple[int, int]], carry: Carry) -> Carry:
+    """Turns until every game is done or `max_turns` replies: one `while_loop` per cache stage, the cache
+    grown between stages."""
+
+    def going(c: Carry, end: int):
+        return (c.turn < run.config.max_turns) & jnp.any(_playing(run, c)) & (c.turn < end)
+
+    for i, (end_turn, _) in enumerate(stages):
+        if i > 0 and run.model_fn is not None:
+            carry = carry._replace(cache=grow_cache(carry.cache, run.init_cache, run.batch, stages[i][1]))
+        carry = jax.lax.while_loop(functools.partial(going, end=end_turn), functools.partial(_turn, run), carry)
+    return carry
+
+
+def _send_final_messages(run: _Run, carry: Carry) -> Carry:
+    """The last message of games that finished on the last turn played (when it fits the context)."""
+    send = _pending_final(run, carry)
+    chunk, chunk_len = _message_chunk(run.env, run.tables, carry.state, carry.turn == 0, carry.flags.needs_end, send)
+    send = send & (carry.buffer.cursor + chunk_len <= run.config.context_length)
+    carry = carry._replace(flags=carry.flags._replace(final_sent=carry.flags.final_sent | send))
+    carry, _ = _append_message(run, carry, chunk, jnp.where(send, chunk_len, 0))
+    return carry
 
 
 def rollout(
@@ -335,151 +447,34 @@ def rollout(
     axis B; key: sampling randomness; sampling_config: its max_new_tokens is the per-turn limit.
     Returns the `Trajectory`, or `(Trajectory, cache)` with `return_cache` (the cache then holds
     exactly `tokens[b, :length[b]]` for every game).
+
+    Three stages: `_set_up` (reset, cache plan, prefilled prefix, the empty carry), `_turn_loop` (then
+    `_send_final_messages`) and `_trajectory` (the buffers, rubric and metrics as a `Trajectory`).
     """
-    env_params = env.params
-    grammar = env.reply_grammar(env_params)
-    batch = jax.tree_util.tree_leaves(examples)[0].shape[0]
-    length = config.context_length
-    n_new = sampling_config.max_new_tokens
-    max_turns = config.max_turns
-    state = jax.vmap(env.reset, in_axes=(0, None))(examples, env_params)
-    legal_of = functools.partial(env.legal_choices, params=env_params)
-    legal_shape = jax.eval_shape(legal_of, jax.tree_util.tree_map(lambda x: x[0], state))
-    num_choices = 0 if legal_shape is None else legal_shape.shape[-1]
-
-    prefix = tables.prefix
-    p0 = prefix.shape[0]
-    if p0 + tables.max_msg + 1 + n_new > length:
-        raise ValueError(
-            f"context_length {length} cannot hold the system prefix ({p0} tokens), one message "
-            f"({tables.max_msg}) and one reply ({n_new}); raise context_length to >= {p0 + tables.max_msg + 1 + n_new}"
-        )
-    stages = cache_stage_plan(config, n_new, p0, tables.max_msg + 1)
-    cache = None
-    if model_fn is not None:
-        # The system prefix is the same for every game: prefill it once, broadcast its cache.
-        one = init_cache(1, stages[0][1])
-        _, one = model_fn(params, prefix[None, :], one, jnp.full((1,), p0, jnp.int32))
-        cache = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (batch,) + x.shape[1:]), one)
-
-    no = jnp.zeros((batch,), bool)
-    carry = Carry(
-        turn=jnp.zeros((), jnp.int32),
-        key=key,
-        state=state,
-        cache=cache,
-        buffer=Buffer(tokens=jnp.full((batch, length), tables.pad_id, jnp.int32).at[:, :p0].set(prefix[None, :]),
-                      loss_mask=jnp.zeros((batch, length), jnp.float32),
-                      logprobs=jnp.zeros((batch, length), jnp.float32),
-                      cursor=jnp.full((batch,), p0, jnp.int32),
-                      decision=jnp.zeros((batch, length), jnp.float32),
-                      choice_set=jnp.full((batch, length), -1, jnp.int8)),
-        flags=Flags(needs_end=no, final_sent=no, context_cut=no),
-        log=TurnLog(lengths=jnp.zeros((batch, max_turns), jnp.int32), format=jnp.zeros((batch, max_turns), bool),
-                    truncated=jnp.zeros((batch, max_turns), bool),
-                    kind=jnp.full((batch, max_turns), -1, jnp.int8),
-                    value=jnp.zeros((batch, max_turns), jnp.int32),
-                    start=jnp.zeros((batch, max_turns), jnp.int32),
-                    reward=jnp.zeros((batch, max_turns), jnp.float32),
-                    key=jnp.zeros((batch, max_turns), jnp.uint32),
-                    legal=jnp.zeros((batch, max_turns, num_choices), bool)),
-    )
-
-    def playing(c: Carry) -> jax.Array:
-        return ~jax.vmap(env.done)(c.state) & ~c.flags.context_cut
-
-    def pending_final(c: Carry) -> jax.Array:
-        if not env.final_message:
-            return jnp.zeros((batch,), bool)
-        return jax.vmap(env.done)(c.state) & ~c.flags.final_sent & ~c.flags.context_cut
-
-    def _append_message(c: Carry, chunk, chunk_len):
-        """Writes the chunk into the buffer and the cache; returns (carry, next-token logits [B, V])."""
-        next_logits, cache = None, c.cache
-        if model_fn is not None:
-            logits, cache = model_fn(params, chunk, c.cache, chunk_len)
-            next_logits = sampling.last_logits(logits, chunk_len)
-        return c._replace(buffer=_extend(c.buffer, chunk, chunk_len, tables.pad_id, sampled=False),
-                          cache=cache), next_logits
-
-    def _generate_reply(c: Carry, next_logits, active):
-        key, sub = jax.random.split(c.key)
-        if sampling_config.constrained:
-            reply = policy(c.turn, next_logits, c.cache, sub, active, constraint=text.require_reply_template(tables))
-        else:
-            reply = policy(c.turn, next_logits, c.cache, sub, active)
-        lengths = jnp.where(active, reply.lengths, 0)
-        decision = reply.content
-        if decision is None:  # the tokens of the parsed content (the parser reads the reply without its end of turn)
-            text_len = lengths - (reply.ended & active).astype(jnp.int32)
-            decision = jax.vmap(text.content_token_mask, in_axes=(None, None, 0, 0))(tables, grammar, reply.tokens,
-                                                                                      text_len)
-        buffer = _extend(c.buffer, reply.tokens, lengths, tables.pad_id, sampled=True, logprobs=reply.logprobs,
-                         reply=reply, decision=decision)
-        return c._replace(key=key, cache=reply.cache, buffer=buffer), reply, lengths
-
-    def _parse_reply(reply: Reply, lengths, ended) -> ParsedReply:
-        # The parser reads the reply without its end-of-turn token.
-        text_len = lengths - ended.astype(jnp.int32)
-        return jax.vmap(text.parse_reply, in_axes=(None, None, 0, 0))(tables, grammar, reply.tokens, text_len)
-
-    def _env_step(c: Carry, parsed: ParsedReply, active):
-        stepped = jax.vmap(env.step, in_axes=(0, 0, None))(c.state, parsed, env_params)
-        return c._replace(state=_where_rows(active, stepped, c.state))
-
-    def _turn(c: Carry) -> Carry:
-        live = playing(c)
-        send = live | pending_final(c)
-        chunk, chunk_len = _message_chunk(env, tables, c.state, c.turn == 0, c.flags.needs_end, send)
-        # A game whose message and a full reply would overflow the context is cut before this turn.
-        fits = c.buffer.cursor + chunk_len + n_new <= length
-        send = send & fits
-        c = c._replace(flags=c.flags._replace(final_sent=c.flags.final_sent | (send & ~live),
-                                              context_cut=c.flags.context_cut | (live & ~fits)))
-        c, next_logits = _append_message(c, chunk, jnp.where(send, chunk_len, 0))
-        active = live & fits
-        start, prev_state = c.buffer.cursor, c.state
-        state_key = jax.vmap(env.state_key, in_axes=(0, None))(prev_state, env_params)
-        state_key = jnp.where(active, jnp.where(state_key == 0, 1, state_key), 0).astype(jnp.uint32)
-        legal = c.log.legal[:, 0]
-        if num_choices:
-            legal = jax.vmap(legal_of)(prev_state) & active[:, None]
-        c, reply, lengths = _generate_reply(c, next_logits, active)
-        ended = reply.ended & active
-        parsed = _parse_reply(reply, lengths, ended)
-        c = _env_step(c, parsed, active)
-        turn_reward = jax.vmap(env.turn_reward, in_axes=(0, 0, None))(prev_state, c.state, env_params)
-        t = c.turn
-        kind = jnp.where(active, jnp.where(parsed.found, jnp.where(parsed.valid, 2, 1), 0), -1).astype(jnp.int8)
-        log = TurnLog(lengths=c.log.lengths.at[:, t].set(lengths),
-                      format=c.log.format.at[:, t].set(active & parsed.format_ok),
-                      truncated=c.log.truncated.at[:, t].set(active & ~ended),
-                      kind=c.log.kind.at[:, t].set(kind),
-                      value=c.log.value.at[:, t].set(jnp.where(active & parsed.valid, parsed.value, 0)),
-                      start=c.log.start.at[:, t].set(jnp.where(active, start, 0)),
-                      reward=c.log.reward.at[:, t].set(jnp.where(active, turn_reward, 0.0)),
-                      key=c.log.key.at[:, t].set(state_key),
-                      legal=c.log.legal.at[:, t].set(legal))
-        return c._replace(turn=t + 1, flags=c.flags._replace(needs_end=jnp.where(active, ~ended, c.flags.needs_end)),
-                          log=log)
-
-    def cond(c: Carry):
-        return (c.turn < max_turns) & jnp.any(playing(c))
-
-    for i, (end_turn, _) in enumerate(stages):
-        if i > 0 and model_fn is not None:
-            carry = carry._replace(cache=grow_cache(carry.cache, init_cache, batch, stages[i][1]))
-        carry = jax.lax.while_loop(lambda c, end=end_turn: cond(c) & (c.turn < end), _turn, carry)
-    # The last message of games that finished on the last turn played.
-    send = pending_final(carry)
-    chunk, chunk_len = _message_chunk(env, tables, carry.state, carry.turn == 0, carry.flags.needs_end, send)
-    send = send & (carry.buffer.cursor + chunk_len <= length)
-    carry = carry._replace(flags=carry.flags._replace(final_sent=carry.flags.final_sent | send))
-    carry, _ = _append_message(carry, chunk, jnp.where(send, chunk_len, 0))
-    return _finish(env, tables, carry, examples, return_cache)
+    run, stages, carry = _set_up(env, policy, model_fn, params, init_cache, tables, examples, key, config,
+                                 sampling_config)
+    carry = _send_final_messages(run, _turn_loop(run, stages, carry))
+    trajectory = _trajectory(env, tables, carry, examples)
+    return (trajectory, carry.cache) if return_cache else trajectory
 
 
-def _finish(env: Env, tables: text.TextTables, carry: Carry, examples, return_cache: bool):
+# ----------------------------------------------------------------------------------------------------------
+# Stage 3: the trajectory
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _token_turns(log: TurnLog, loss_mask: jax.Array) -> jax.Array:
+    """int32[B, L]: the turn of each model (loss-mask) token, -1 elsewhere."""
+    length = loss_mask.shape[1]
+    token_turn = jnp.full(loss_mask.shape, -1, jnp.int32)
+    position = jnp.arange(length, dtype=jnp.int32)[None, :]
+    for t in range(log.start.shape[1]):  # turn t's reply holds positions start .. start + length - 1
+        first, end = log.start[:, t:t + 1], log.start[:, t:t + 1] + log.lengths[:, t:t + 1]
+        token_turn = jnp.where((position >= first) & (position < end), t, token_turn)
+    return jnp.where(loss_mask > 0, token_turn, -1)
+
+
+def _trajectory(env: Env, tables: text.TextTables, carry: Carry, examples) -> Trajectory:
     """The Trajectory of a finished loop: buffers cut at the cursor, the episode facts, rubric and metrics."""
     buffer, log, state = carry.buffer, carry.log, carry.state
     length = buffer.tokens.shape[1]
@@ -493,16 +488,10 @@ def _finish(env: Env, tables: text.TextTables, carry: Carry, examples, return_ca
     reward = jax.vmap(env.reward, in_axes=(0, 0, None))(state, episode, env.params)
     metrics = jax.vmap(env.metrics, in_axes=(0, 0, None))(state, episode, env.params)
     loss_mask = jnp.where(inside, buffer.loss_mask, 0.0)
-    token_turn = jnp.full(loss_mask.shape, -1, jnp.int32)
-    position = jnp.arange(length, dtype=jnp.int32)[None, :]
-    for t in range(log.start.shape[1]):  # turn t's reply holds positions start .. start + length - 1
-        first, end = log.start[:, t:t + 1], log.start[:, t:t + 1] + log.lengths[:, t:t + 1]
-        token_turn = jnp.where((position >= first) & (position < end), t, token_turn)
-    token_turn = jnp.where(loss_mask > 0, token_turn, -1)
-    trajectory = Trajectory(
+    return Trajectory(
         tokens=jnp.where(inside, buffer.tokens, tables.pad_id),
         length=buffer.cursor,
-        loss_mask=jnp.where(inside, buffer.loss_mask, 0.0),
+        loss_mask=loss_mask,
         logprobs=jnp.where(inside, buffer.logprobs, 0.0),
         reply_lengths=log.lengths,
         reply_format=log.format,
@@ -517,14 +506,13 @@ def _finish(env: Env, tables: text.TextTables, carry: Carry, examples, return_ca
         metrics=metrics,
         examples=examples,
         final_state=state,
-        token_turn=token_turn,
+        token_turn=_token_turns(log, loss_mask),
         turn_rewards=log.reward,
         turn_keys=log.key,
         turn_legal=log.legal,
         decision_mask=jnp.where(inside, buffer.decision, 0.0),
         choice_set=jnp.where(inside, buffer.choice_set, -1).astype(jnp.int8),
     )
-    return (trajectory, carry.cache) if return_cache else trajectory
 
 
 def make_rollout(env: Env, model_fn, init_cache, tables: text.TextTables, config: RolloutConfig,

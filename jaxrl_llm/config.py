@@ -28,25 +28,21 @@ to the env (`checks.EnvBound`) are built once `[env] name` is known. `dump_confi
 that loads back to an equal config (a checkpoint stores it; a run is reproduced from it).
 
 Optional fields (`X | None`) default to None, which TOML writes by leaving the key out.
+
+The generic machinery (coercion against annotations, "did you mean" errors with key paths, `--set`
+overrides, the TOML writer) is `jaxrl_llm.schema`; this module holds the experiment's sections and
+re-exports `ConfigError`, `parse_override`, `apply_overrides`, `config_to_dict` and `dumps_toml`.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import difflib
-import json
-import math
 import os
 import re
-import sys
-import types
-import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Union
-
-import numpy as np
+from typing import Annotated, Any
 
 from jaxrl_llm.algos.grpo import GrpoConfig
 from jaxrl_llm.algos.optim import OptimConfig
@@ -54,12 +50,11 @@ from jaxrl_llm.algos.sft import SftConfig
 from jaxrl_llm.checks import ConfigError, EnvBound, check_choice, check_int, check_str
 from jaxrl_llm.generate.sampler import SamplingConfig
 from jaxrl_llm.rollout.rollout import RolloutConfig
+from jaxrl_llm.schema import (  # noqa: F401 (config_to_dict, dumps_toml, parse_override: re-exported)
+    BuildContext, Section, apply_overrides, build, coerce, config_to_dict, dumps_toml, hints, init_fields,
+    loads_toml, parse_override, sub_table, toml_type, unknown_key,
+)
 from models.lora import LoraConfig
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 __all__ = [
     "ConfigError",
@@ -84,224 +79,14 @@ __all__ = [
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Types: checking and coercing a value against a field's annotation
-# ----------------------------------------------------------------------------------------------------------
-
-_HINTS: dict[type, dict[str, Any]] = {}
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls, include_extras=True)
-    return _HINTS[cls]
-
-
-def _toml_type(value: Any) -> str:
-    """How TOML would name the value's type (for error messages)."""
-    if isinstance(value, bool):
-        return f"boolean {str(value).lower()}"
-    if isinstance(value, (int, np.integer)):
-        return f"integer {value}"
-    if isinstance(value, (float, np.floating)):
-        return f"float {value!r}"
-    if isinstance(value, str):
-        return f"string {value!r}"
-    if isinstance(value, Mapping):
-        return "a table"
-    if isinstance(value, (list, tuple)):
-        return f"array {list(value)!r}"
-    if value is None:
-        return "nothing (None)"
-    return f"{type(value).__name__} {value!r}"
-
-
-def _is_union(tp: Any) -> bool:
-    return typing.get_origin(tp) in (Union, types.UnionType)
-
-
-def _env_bound(tp: Any) -> EnvBound | None:
-    if typing.get_origin(tp) is Annotated:
-        return next((m for m in tp.__metadata__ if isinstance(m, EnvBound)), None)
-    return None
-
-
-def _type_name(tp: Any) -> str:
-    if tp is bool:
-        return "a boolean"
-    if tp is int:
-        return "an integer"
-    if tp is float:
-        return "a float"
-    if tp is str:
-        return "a string"
-    if dataclasses.is_dataclass(tp) or _env_bound(tp):
-        return "a table"
-    if typing.get_origin(tp) is tuple:
-        args = typing.get_args(tp)
-        if args and dataclasses.is_dataclass(args[0]):
-            return "an array of tables"
-        inner = _type_name(args[0]).split(" ", 1)[1] if args else "value"
-        return f"an array of {inner}s"
-    if _is_union(tp):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp) if a is not type(None))
-    return getattr(tp, "__name__", str(tp))
-
-
-def _coerce(value: Any, tp: Any, env_cls: type | None) -> Any:
-    """Checks `value` against annotation `tp`; returns it normalised (int -> float, list -> tuple, table ->
-    dataclass). env_cls: the experiment's env class, for `EnvBound` fields. Raises ConfigError (path
-    relative to the value)."""
-    if tp is Any:
-        return value
-    bound = _env_bound(tp)
-    if bound is not None:
-        return _coerce_env_bound(value, bound, env_cls)
-    if _is_union(tp):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                return _coerce(value, arg, env_cls)
-            except ConfigError as e:
-                errors.append(e)
-        if len(errors) == 1:
-            raise errors[0]
-        raise ConfigError(f"expected {_type_name(tp)}, got {_toml_type(value)}")
-    if typing.get_origin(tp) is tuple:
-        args = typing.get_args(tp)
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"expected {_type_name(tp)}, got {_toml_type(value)}")
-        item = args[0] if args else Any
-        out = []
-        for i, v in enumerate(value):
-            try:
-                out.append(_coerce(v, item, env_cls))
-            except ConfigError as e:
-                raise e.prefixed(i) from None
-        return tuple(out)
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, env_cls)
-    if tp is bool:
-        if isinstance(value, (bool, np.bool_)):
-            return bool(value)
-    elif tp is int:
-        if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
-            return int(value)
-    elif tp is float:
-        if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_)):
-            return float(value)
-    elif tp is str:
-        if isinstance(value, str):
-            return value
-    else:  # pragma: no cover - an annotation this module does not use
-        raise TypeError(f"unsupported annotation {tp!r}")
-    raise ConfigError(f"expected {_type_name(tp)}, got {_toml_type(value)}")
-
-
-def _coerce_env_bound(value: Any, bound: EnvBound, env_cls: type | None) -> Any:
-    """A field whose type is the env's `Params` / `Stage` / `Teacher`: None -> its default, a table -> built."""
-    cls = getattr(env_cls, bound.attr, None) if env_cls is not None else None
-    if cls is None or cls is type(None):
-        if env_cls is None:  # constructed in Python without the env: only instances (or None) can be checked later
-            if value is None or dataclasses.is_dataclass(value):
-                return value
-            raise ConfigError(f"a table here needs the env: build the whole ExperimentConfig (from TOML), or pass "
-                              f"the env's {bound.attr} instance")
-        if value is None:
-            return None
-        raise ConfigError(f"env {env_cls.name!r} has no {bound.attr}; remove this table")
-    if value is None:
-        return cls()
-    if isinstance(value, cls):
-        return value
-    if dataclasses.is_dataclass(value):
-        raise ConfigError(f"expected the {bound.attr} of env {env_cls.name!r}, got {type(value).__name__}")
-    return _build(cls, value, env_cls)
-
-
-def _init_fields(cls: type) -> list[dataclasses.Field]:
-    return [f for f in dataclasses.fields(cls) if f.init and f.metadata.get("toml", True)]
-
-
-def _unknown_key(cls: type, key: str) -> ConfigError:
-    names = [f.name for f in _init_fields(cls)]
-    close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
-    everywhere = _all_keys(ExperimentConfig)
-    elsewhere = sorted({k for k in everywhere if k.rsplit(".", 1)[-1] == key})
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    if elsewhere:
-        hint += f" ({key!r} is a key of another table: {', '.join(elsewhere)})"
-    if not close and not elsewhere:  # a typo of a key that lives in another table
-        near = difflib.get_close_matches(key, sorted({k.rsplit(".", 1)[-1] for k in everywhere}), n=1, cutoff=0.75)
-        if near:
-            hint += f" (did you mean {near[0]!r}, a key of another table: " + ", ".join(
-                k for k in everywhere if k.rsplit(".", 1)[-1] == near[0]) + "?)"
-    if not close:
-        hint += f"; valid keys here: {', '.join(names)}"
-    return ConfigError(f"unknown key {key!r}{hint}", (key,))
-
-
-def _all_keys(cls: type, prefix: str = "") -> list[str]:
-    """Every dotted key of a section class (GRPO stages as "grpo.N.<key>"; env-bound tables not expanded)."""
-    keys = []
-    hints = _hints(cls)
-    for f in _init_fields(cls):
-        tp = hints[f.name]
-        name = prefix + f.name
-        if dataclasses.is_dataclass(tp):
-            keys += _all_keys(tp, name + ".")
-        elif typing.get_origin(tp) is tuple and typing.get_args(tp) and dataclasses.is_dataclass(typing.get_args(tp)[0]):
-            keys += _all_keys(typing.get_args(tp)[0], name + ".N.")
-        else:
-            keys.append(name)
-    return keys
-
-
-def _build(cls: type, data: Any, env_cls: type | None = None) -> Any:
-    """A table (Mapping) -> an instance of dataclass `cls`, every key and value checked."""
-    if isinstance(data, cls):
-        return data
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"expected a table, got {_toml_type(data)}")
-    if hasattr(cls, "_from_table"):
-        return cls._from_table(data, env_cls)
-    names = {f.name for f in _init_fields(cls)}
-    hints = _hints(cls)
-    kwargs = {}
-    for key, value in data.items():
-        if key not in names:
-            raise _unknown_key(cls, str(key))
-        try:
-            kwargs[key] = _coerce(value, hints[key], env_cls)
-        except ConfigError as e:
-            raise e.prefixed(key) from None
-    try:
-        return cls(**kwargs)
-    except ConfigError as e:
-        raise ConfigError(e.reason, e.path) from None  # the path says where: drop the class name
-    except (ValueError, TypeError) as e:  # a check that does not raise ConfigError: name the class
-        raise ConfigError(f"{cls.__name__}: {e}") from None
-
-
 @dataclasses.dataclass(frozen=True)
-class _Section:
-    """Base of the config-only sections: checks/coerces every field against its annotation, then `_validate`."""
+class _Section(Section):
+    """Base of the experiment's config-only sections (`schema.Section` with `ExperimentConfig` as the root
+    whose tables an unknown key's error searches)."""
 
-    def __post_init__(self) -> None:
-        hints = _hints(type(self))
-        for f in _init_fields(type(self)):
-            try:
-                value = _coerce(getattr(self, f.name), hints[f.name], None)
-            except ConfigError as e:
-                raise ConfigError(e.reason, (f.name, *e.path), type(self).__name__) from None
-            object.__setattr__(self, f.name, value)
-        self._validate()
-
-    def _validate(self) -> None:
-        pass
+    @classmethod
+    def _context(cls) -> BuildContext:
+        return BuildContext(root=lambda: ExperimentConfig)  # a function: the root's defaults come first
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -372,17 +157,17 @@ class ModelSection:
         return cls(preset=preset, init_from=init_from, arch=tuple(overrides.items()))
 
     @classmethod
-    def _from_table(cls, table: Mapping[str, Any], env_cls=None) -> "ModelSection":
-        hints = _lfm2_hints()
+    def _from_table(cls, table: Mapping[str, Any], context: BuildContext = BuildContext()) -> "ModelSection":
+        arch_types = _lfm2_hints()
         kwargs, arch = {}, []
         for key, value in table.items():
             if key in ("preset", "init_from"):
-                kwargs[key] = _coerce(value, str, None) if value is not None else None
+                kwargs[key] = coerce(value, str) if value is not None else None
                 continue
-            if key not in hints:
+            if key not in arch_types:
                 raise _unknown_model_key(key)
             try:
-                arch.append((key, _coerce(value, hints[key], None)))
+                arch.append((key, coerce(value, arch_types[key])))
             except ConfigError as e:
                 raise e.prefixed(key) from None
         return cls(**kwargs, arch=tuple(arch))
@@ -418,7 +203,7 @@ class ModelSection:
 def _lfm2_hints() -> dict[str, Any]:
     from models.lfm2 import Lfm2Config
 
-    return _hints(Lfm2Config)
+    return hints(Lfm2Config)
 
 
 def _unknown_model_key(key: str) -> ConfigError:
@@ -637,49 +422,50 @@ class ExperimentConfig(_Section):
     lora: LoraConfig = LoraConfig()
 
     @classmethod
-    def _from_table(cls, data: Mapping[str, Any], env_cls=None) -> "ExperimentConfig":
+    def _from_table(cls, data: Mapping[str, Any], context: BuildContext = BuildContext()) -> "ExperimentConfig":
         """The whole config: the env first (its types), then the sections, stages and eval over the base
         [sampling] / [rollout] tables."""
         data = dict(data)
         for key in data:
-            if key not in {f.name for f in _init_fields(cls)}:
-                raise _unknown_key(cls, str(key))
+            if key not in {f.name for f in init_fields(cls)}:
+                raise unknown_key(cls, str(key), cls)
         env_table = data.get("env", {})
         if not isinstance(env_table, Mapping):
-            raise ConfigError(f"expected a table, got {_toml_type(env_table)}", ("env",))
+            raise ConfigError(f"expected a table, got {toml_type(env_table)}", ("env",))
         name = env_table.get("name", _default_env_name())
         if not isinstance(name, str):
-            raise ConfigError(f"expected a string, got {_toml_type(name)}", ("env", "name"))
+            raise ConfigError(f"expected a string, got {toml_type(name)}", ("env", "name"))
         env_cls = _env_class(name)
-        base = {k: dict(_table(data, k)) for k in _INHERITED}
+        context = BuildContext(env_cls=env_cls, root=cls)
+        base = {k: dict(sub_table(data, k)) for k in _INHERITED}
 
         def overlay(table: Any, where: tuple, defaults: Mapping[str, Any] | None = None) -> dict:
             table = dict(table)
             for k in _INHERITED:
-                table[k] = {**base[k], **(defaults or {}).get(k, {}), **_table(table, k, where)}
+                table[k] = {**base[k], **(defaults or {}).get(k, {}), **sub_table(table, k, where)}
             return table
 
         if "grpo" in data:
             if not isinstance(data["grpo"], (list, tuple)):
-                raise ConfigError(f"expected an array of tables ([[grpo]]), got {_toml_type(data['grpo'])}", ("grpo",))
+                raise ConfigError(f"expected an array of tables ([[grpo]]), got {toml_type(data['grpo'])}", ("grpo",))
             stages = []
             for i, stage in enumerate(data["grpo"]):
                 if not isinstance(stage, Mapping):
-                    raise ConfigError(f"expected a table, got {_toml_type(stage)}", ("grpo", i))
+                    raise ConfigError(f"expected a table, got {toml_type(stage)}", ("grpo", i))
                 stages.append(overlay(stage, ("grpo", i)))
             data["grpo"] = stages
-        data["eval"] = overlay(_table(data, "eval"), ("eval",), {"sampling": {"greedy": True}})
-        hints = _hints(cls)
+        data["eval"] = overlay(sub_table(data, "eval"), ("eval",), {"sampling": {"greedy": True}})
+        field_types = hints(cls)
         kwargs = {}
         for key, value in data.items():
             try:
-                kwargs[key] = _coerce(value, hints[key], env_cls)
+                kwargs[key] = coerce(value, field_types[key], context)
             except ConfigError as e:
                 raise e.prefixed(key) from None
         if "env" not in kwargs:
             kwargs["env"] = EnvSection(name=name, params=env_cls.Params())
         if "sft" not in kwargs:
-            kwargs["sft"] = _coerce({}, hints["sft"], env_cls)
+            kwargs["sft"] = coerce({}, field_types["sft"], context)
         return cls(**kwargs)
 
     def _validate(self) -> None:
@@ -768,77 +554,14 @@ class ExperimentConfig(_Section):
                                                                                         "checkpoints")
 
 
-def _table(data: Mapping[str, Any], key: str, where: tuple = ()) -> Mapping[str, Any]:
-    value = data.get(key, {})
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"expected a table, got {_toml_type(value)}", (*where, key))
-    return value
-
-
 # ----------------------------------------------------------------------------------------------------------
-# Loading, overrides
+# Loading
 # ----------------------------------------------------------------------------------------------------------
-
-
-def _parse_literal(text: str) -> Any:
-    """A TOML literal ("3e-5", "true", '["optimal"]', '"x"'), else the bare text as a string."""
-    text = text.strip()
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
-def parse_override(text: str) -> tuple[tuple[str, ...], Any]:
-    """"grpo.0.optim.learning_rate=3e-5" -> (("grpo", "0", "optim", "learning_rate"), 3e-05); the value is a
-    TOML literal, else a bare string."""
-    if "=" not in text:
-        raise ConfigError(f"override {text!r} is not key=value (e.g. sampling.temperature=1.2)")
-    key, value = text.split("=", 1)
-    parts = tuple(p.strip() for p in key.strip().split("."))
-    if not all(parts):
-        raise ConfigError(f"override {text!r} has an empty key part")
-    return parts, _parse_literal(value)
-
-
-def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """A copy of the raw TOML dict with each "dotted.key=value" set. A list index may be one past the end
-    (`grpo.2.steps=10` on two stages appends a stage with defaults)."""
-    data = copy.deepcopy(dict(data))
-    for text in overrides or ():
-        parts, value = parse_override(text)
-        node: Any = data
-        for depth, part in enumerate(parts):
-            last = depth == len(parts) - 1
-            where = ".".join(parts[:depth]) or "the config"
-            if isinstance(node, list):
-                if not part.isdigit():
-                    raise ConfigError(f"{where} is a list: use an index, not {part!r}", parts[: depth + 1])
-                index = int(part)
-                if index > len(node):
-                    raise ConfigError(f"{where} has {len(node)} entries: use an index up to {len(node)} "
-                                      f"({len(node)} appends one)", parts[: depth + 1])
-                if index == len(node):
-                    node.append({})
-                if last:
-                    node[index] = value
-                else:
-                    node = node[index]
-            elif isinstance(node, dict):
-                if last:
-                    node[part] = value
-                else:
-                    if part not in node:
-                        node[part] = [] if parts[depth + 1].isdigit() else {}
-                    node = node[part]
-            else:
-                raise ConfigError(f"{where} is a value, not a table", parts[:depth])
-    return data
 
 
 def config_from_dict(data: Mapping[str, Any]) -> ExperimentConfig:
     """Raw TOML data -> a validated ExperimentConfig (ConfigError naming the key path otherwise)."""
-    return _build(ExperimentConfig, data)
+    return build(ExperimentConfig, data, BuildContext(root=ExperimentConfig))
 
 
 def _check_paths(config: ExperimentConfig) -> None:
@@ -857,11 +580,7 @@ def _check_paths(config: ExperimentConfig) -> None:
 
 def loads_config(text: str, overrides: Sequence[str] = (), check_paths: bool = False) -> ExperimentConfig:
     """TOML text (+ overrides) -> ExperimentConfig. check_paths: also check init_from / tokenizer.path exist."""
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"invalid TOML: {e}") from None
-    config = config_from_dict(apply_overrides(data, overrides))
+    config = config_from_dict(apply_overrides(loads_toml(text), overrides))
     if check_paths:
         _check_paths(config)
     return config
@@ -877,87 +596,6 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = (), check_pa
         return loads_config(path.read_text(encoding="utf-8"), overrides, check_paths)
     except ConfigError as e:
         raise ConfigError(f"{e.reason} (in {path})", e.path) from None
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Dumping: dict and TOML text
-# ----------------------------------------------------------------------------------------------------------
-
-
-def config_to_dict(config: Any) -> dict[str, Any]:
-    """A config (or any section) -> plain dict: tuples as lists, None fields left out (TOML has no null)."""
-
-    def convert(value: Any) -> Any:
-        if hasattr(value, "_to_table"):
-            return value._to_table()
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            return {f.name: convert(getattr(value, f.name)) for f in _init_fields(type(value))
-                    if getattr(value, f.name) is not None}
-        if isinstance(value, (list, tuple)):
-            return [convert(v) for v in value]
-        return value
-
-    return convert(config)
-
-
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
-
-
-def _toml_key(key: str) -> str:
-    return key if _BARE_KEY.match(key) else _toml_string(key)
-
-
-def _toml_string(s: str) -> str:
-    return json.dumps(s, ensure_ascii=False).replace("\x7f", "\\u007f")
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return repr(value)
-    if isinstance(value, str):
-        return _toml_string(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(f"cannot write {type(value).__name__} {value!r} as TOML")
-
-
-def _is_table_array(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(isinstance(v, Mapping) for v in value)
-
-
-def _write_table(lines: list[str], prefix: tuple[str, ...], table: Mapping[str, Any], header: str | None) -> None:
-    if header is not None:
-        lines.append(header)
-    for key, value in table.items():
-        if not isinstance(value, Mapping) and not _is_table_array(value):
-            lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
-    for key, value in table.items():
-        path = (*prefix, key)
-        dotted = ".".join(_toml_key(p) for p in path)
-        if isinstance(value, Mapping):
-            lines.append("")
-            _write_table(lines, path, value, f"[{dotted}]")
-        elif _is_table_array(value):
-            for item in value:
-                lines.append("")
-                _write_table(lines, path, item, f"[[{dotted}]]")
-
-
-def dumps_toml(data: Mapping[str, Any]) -> str:
-    """A minimal TOML writer for config data (tables, arrays of tables, scalars, arrays)."""
-    lines: list[str] = []
-    _write_table(lines, (), data, None)
-    return "\n".join(lines).lstrip("\n") + "\n"
 
 
 def dump_config(config: ExperimentConfig) -> str:

@@ -151,102 +151,12 @@ def log_eval(config, results: dict, step: int | None, source: str | None) -> Pat
     return out / "eval_metrics.jsonl"
 
 
-SFT_CURVES = ("loss", "accuracy", "check_exact", "learning_rate")
-GRPO_CURVES = ("reward_mean", "reward_std", "{env}", "format_rate", "{examples}", "frac_zero_std_groups", "entropy",
-               "grad_norm", "step_time")
-
-
-def grpo_curve_keys(comp, present) -> list[str]:
-    """The GRPO curves: the generic ones with the env's metrics (`<metric>_rate`) and example figures."""
-    import jax
-
-    env = comp.env
-    from jaxrl_llm.metrics import log_name, metric_kind
-
-    env_keys = [log_name(m, metric_kind(env.metric_kinds, m)) for _, m in env.results_columns if m != "format"]
-    example_keys: list[str] = []
-    if comp.config.grpo:
-        stage = comp.config.grpo[0].curriculum
-        examples = jax.eval_shape(lambda: env.sample_examples(jax.random.PRNGKey(0), 1, 1, stage))
-        example_keys = list(jax.eval_shape(env.example_metrics, examples))
-    keys = []
-    for k in GRPO_CURVES:
-        keys += env_keys if k == "{env}" else example_keys if k == "{examples}" else [k]
-    return [k for k in dict.fromkeys(keys) if k in present]
-
-
 def cmd_experiment(args) -> int:
-    """SFT -> GRPO stages -> evaluation of the base, SFT and RL models; results table, curves, samples.
-    One lock on the output folder for the whole arc (`run_lock.RunLock`)."""
-    from jaxrl_llm.run_lock import RunLock
+    """SFT -> GRPO stages -> evaluation of the base, SFT and RL models; results table, curves, samples
+    (`train.experiment.run_experiment`, one lock on the output folder for the whole arc)."""
+    from jaxrl_llm.train.experiment import run_experiment  # lazy, as every command's: a fast `--help`
 
-    config = _load(args)
-    with RunLock(config.run.output_dir):
-        return _experiment(config)
-
-
-def _experiment(config) -> int:
-    import jax
-
-    from jaxrl_llm.metrics import format_metric, format_results_table, metric_kind, plot_metrics, read_metrics
-    from jaxrl_llm.train import (build, evaluate, exactness_check, fresh_params, init_key, run_sft,
-                                 time_stage_rollout, train_grpo)
-
-    start = time.perf_counter()
-    comp = build(config)
-    out = Path(config.run.output_dir)
-    times = {}
-    t = time.perf_counter()
-    sft_params = run_sft(config, comp)
-    times["sft_s"] = time.perf_counter() - t
-    t = time.perf_counter()
-    rl_params = train_grpo(config, comp)["params"] if any(s.steps for s in config.grpo) else sft_params
-    times["grpo_s"] = time.perf_counter() - t
-    if config.grpo:
-        # Split the GRPO wall time into rollouts and updates: time each stage's rollout alone once.
-        metrics = read_metrics(out / "metrics.jsonl")
-        rollout_s = 0.0
-        for i, stage in enumerate(config.grpo):
-            if stage.steps:
-                one = time_stage_rollout(comp, i, rl_params, jax.random.PRNGKey(config.run.seed + 13 + i))
-                step_times = sorted(r["step_time"] for r in metrics if r.get("stage") == i)
-                rollout_s += stage.steps * min(one, step_times[len(step_times) // 2] if step_times else one)
-        times["grpo_rollout_s"] = rollout_s
-        times["grpo_update_s"] = max(times["grpo_s"] - rollout_s, 0.0)
-    t = time.perf_counter()
-    base = fresh_params(comp, init_key(config))
-    rows, results = [], {}
-    for name, params in (("base", base), ("after SFT", sft_params), ("after RL", rl_params)):
-        e = time.perf_counter()
-        results[name] = evaluate(comp, params, games_path=out / f"eval_{name.replace(' ', '_')}.jsonl")
-        for setting, r in results[name].items():
-            rows.append({"model": f"{name} vs {setting}", **r})
-            figures = ", ".join(f"{header} {format_metric(r[key], metric_kind(comp.env.metric_kinds, key))}"
-                                for header, key in comp.env.results_columns if key in r)
-            print(f"eval {name} vs {setting}: {figures} ({r['games']} games)", flush=True)
-        print(f"eval {name}: {time.perf_counter() - e:.0f} s", flush=True)
-    times["eval_s"] = time.perf_counter() - t
-    checks = {}
-    for name, params in (("after SFT", sft_params), ("after RL", rl_params)):
-        check = exactness_check(comp, params)
-        if check is not None:
-            checks[name] = check["exact"]
-            print(f"{name}: {100 * checks[name]:.2f} % of the teacher's check conversations reproduced exactly "
-                  "(teacher-forced, greedy)", flush=True)
-    times["total_s"] = time.perf_counter() - start
-    table = format_results_table(rows, comp.env.results_columns, kinds=comp.env.metric_kinds)
-    (out / "results.md").write_text(table + "\n")
-    print(table)
-    for name in ("sft", "grpo"):
-        path = out / ("sft_metrics.jsonl" if name == "sft" else "metrics.jsonl")
-        if path.is_file():
-            present = set().union(*(r.keys() for r in read_metrics(path)))
-            chosen = [k for k in SFT_CURVES if k in present] if name == "sft" else grpo_curve_keys(comp, present)
-            print(f"curves: {plot_metrics(path, out / f'{name}_curves.png', keys=chosen, title=f'{name} ({out})')}")
-    split = ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in times.items())
-    print(f"wall time: {split}")
-    (out / "timings.json").write_text(json.dumps(times, indent=1) + "\n")
-    print(json.dumps({"experiment": results, "check_exact": checks, **times}))
+    run_experiment(_load(args))
     return 0
 
 
@@ -356,7 +266,8 @@ def _env_from_args(args):
     """The env named by `args.env` with the `--set key=value` params of `args.set`, or None after printing the
     error (an unknown name, a bad param) to stderr."""
     import envs
-    from jaxrl_llm.config import ConfigError, parse_override
+    from jaxrl_llm.checks import ConfigError
+    from jaxrl_llm.schema import parse_override
 
     try:
         params = {".".join(key): value for key, value in map(parse_override, args.set or ())}
@@ -448,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `jaxrl-llm` script; the errors a user can fix (config, missing or damaged files,
     checkpoints that do not fit, a locked or existing run, a full disk) print one clear line and exit 2."""
     from jaxrl_llm.checkpoint import CheckpointDamagedError, CheckpointMismatchError
-    from jaxrl_llm.config import ConfigError
+    from jaxrl_llm.checks import ConfigError
     from jaxrl_llm.run_lock import RunLockedError
     from models.hf import HfCheckpointError
 

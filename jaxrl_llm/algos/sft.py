@@ -23,14 +23,13 @@ choices, and the metrics add `decision_loss_floor` (ln #legal: the loss of a uni
 choices, averaged like the loss) and `illegal_prob` (the probability the model puts on the illegal choices'
 tokens, `choice_token_ids`). `decision_eval` measures the same on held-out rows.
 
-Training (`make_sft_step`, `train_sft`). One jitted step (params and optimizer state donated) and a host loop over
-shuffled batches (as many epochs as `steps` needs) with `make_optimizer(OptimConfig)`.
+Training (`make_sft_step`): one jitted step (params and optimizer state donated). The host loop over shuffled
+batches, `train_sft`, is `jaxrl_llm.train.sft_loop.train_sft` (still importable from here).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 from typing import Annotated, Any, Callable, Iterable
 
@@ -39,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxrl_llm.algos.optim import OptimConfig, global_norm, learning_rate_schedule, make_optimizer
+from jaxrl_llm.algos.optim import OptimConfig, global_norm
 from jaxrl_llm.checks import ConfigError, EnvBound, check_choice, check_float, check_int
 from jaxrl_llm.data import sft_data
 from models import lora
@@ -472,95 +471,11 @@ def check_group_exact(rows, exact_rows) -> dict[str, float]:
     return {f"check_exact_{g}": float(exact_rows[names == g].mean()) for g in dict.fromkeys(groups) if g}
 
 
-def _batch_indices(key: jax.Array, num_rows: int, batch_size: int, steps: int) -> np.ndarray:
-    """int[steps, batch_size]: consecutive slices of a stream of per-epoch permutations (epoch e: fold_in(key, e))."""
-    needed = steps * batch_size
-    epochs = math.ceil(needed / num_rows)
-    stream = np.concatenate([np.asarray(jax.random.permutation(jax.random.fold_in(key, e), num_rows))
-                             for e in range(epochs)])
-    return stream[:needed].reshape(steps, batch_size)
+def __getattr__(name: str):
+    """`train_sft`, the SFT training loop, lives in `jaxrl_llm.train.sft_loop`; this old path still names it
+    (imported on use: `train` imports this module through the config, so a top-level import would be a cycle)."""
+    if name == "train_sft":
+        from jaxrl_llm.train.sft_loop import train_sft
 
-
-def train_sft(module, params, tokenizer, dataset, config: SftConfig, key: jax.Array,
-              callback: Callable[[int, dict], None] | None = None, check_rows=None,
-              frozen=None, grammar: Any = None, eval_rows=None) -> tuple[Any, list[dict]]:
-    """SFT for `config.steps` steps -> (params, history: one dict of floats per step).
-
-    dataset: rows with prompt/completion (a `datasets.Dataset` or a list), tokenized with `tokenize_sft`
-    at config.seq_len; batches of config.batch_size are drawn from shuffled epochs (key). The caller's params
-    are copied first (the step donates its inputs). callback(step, metrics) runs after every step; metrics hold
-    loss, accuracy, grad_norm, tokens, learning_rate, epoch. With check_rows and config.check_every > 0,
-    every check_every steps (and after the last) `teacher_forced_check` runs on those rows and adds
-    check_exact and check_token_accuracy to that step's metrics; config.stop_when_exact ends training at
-    the first check with every row exact. Check rows whose `info` names a `check_group` also give
-    check_exact_<group>, the exact rate of that group's rows (e.g. one per arithmetic level).
-    frozen: None, or the frozen base of a LoRA policy: params are then its adapters (trained and
-    returned alone; dropout keys from `key`'s second split, the batch order is unchanged).
-    grammar: the env's reply grammar (`envs.core.ReplyGrammar`, None: no decision metrics): each step's
-    metrics then add decision_loss, format_loss, decision_accuracy, decision_tokens and, where the rows
-    give their legal choices (`tokenize_sft`), decision_loss_floor, illegal_prob and choice_entropy;
-    config.decision_weight weighs the decision tokens in the objective. eval_rows: held-out rows; after the
-    last step `decision_eval` runs on them and the last record gets its figures prefixed `eval_`."""
-    if not isinstance(config, SftConfig):
-        raise ValueError(f"config must be an SftConfig, got {type(config).__name__}")
-    if config.steps < 1:
-        raise ValueError(f"train_sft needs config.steps >= 1 (got {config.steps}); steps = 0 skips SFT")
-    data = tokenize_sft(tokenizer, dataset, config.seq_len, overflow=config.overflow, grammar=grammar)
-    choice_tokens = choice_token_ids(tokenizer, grammar)
-    has_legal = choice_tokens is not None and bool(data.get("choice_legal", np.zeros(0, bool)).any())
-    if grammar is None and config.decision_weight != 1.0:
-        raise ValueError("decision_weight != 1 needs the reply grammar (train_sft(..., grammar=...))")
-    if config.legal_targets and not has_legal:
-        raise ValueError("legal_targets needs a \"cell\" reply grammar and rows whose info gives legal_choices")
-    num_rows = data["tokens"].shape[0]
-    if num_rows == 0:
-        raise ValueError("train_sft: the dataset holds no usable conversation")
-    optim = config.optim.for_steps(config.steps)
-    optimizer = make_optimizer(optim)
-    schedule = learning_rate_schedule(optim)
-    params = jax.tree.map(jnp.array, params)  # a private copy: the step donates it
-    opt_state = optimizer.init(params)
-    step_fn = make_sft_step(module, optimizer, choice_tokens if has_legal else None, config.decision_weight,
-                            config.legal_targets)
-    batches = _batch_indices(key, num_rows, config.batch_size, config.steps)
-    check_every, stop_when_exact = config.check_every, config.stop_when_exact
-    check_data = None
-    if check_rows is not None and check_every > 0:
-        check_data = tokenize_sft(tokenizer, check_rows, config.seq_len, overflow=config.overflow)
-    drop_root = jax.random.split(key)[1] if frozen is not None else None
-    history = []
-    for step in range(config.steps):
-        idx = batches[step]
-        drop_key = None if frozen is None else jax.random.fold_in(drop_root, step)
-        extra = {}
-        if grammar is not None:
-            extra["decision_mask"] = jnp.asarray(data["decision_mask"][idx])
-            if has_legal:
-                extra["choice_legal"] = jnp.asarray(data["choice_legal"][idx])
-        params, opt_state, metrics = step_fn(params, opt_state, jnp.asarray(data["tokens"][idx]),
-                                             jnp.asarray(data["loss_mask"][idx]), frozen, drop_key, **extra)
-        record = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        if not has_legal:
-            for name in ("decision_loss_floor", "illegal_prob", "choice_entropy"):
-                record.pop(name, None)
-        record["learning_rate"] = float(schedule(step))
-        record["epoch"] = (step + 1) * config.batch_size / num_rows
-        exact = False
-        if check_data is not None and ((step + 1) % check_every == 0 or step + 1 == config.steps):
-            result = teacher_forced_check(module, params if frozen is None else lora.join(frozen, params),
-                                          check_data)
-            record["check_exact"], record["check_token_accuracy"] = result["exact"], result["token_accuracy"]
-            record.update(check_group_exact(check_rows, result["exact_rows"]))
-            exact = result["exact"] == 1.0
-        last = step + 1 == config.steps or (stop_when_exact and exact)
-        if last and eval_rows is not None and grammar is not None:
-            eval_data = tokenize_sft(tokenizer, eval_rows, config.seq_len, overflow=config.overflow, grammar=grammar)
-            result = decision_eval(module, params if frozen is None else lora.join(frozen, params), eval_data,
-                                   choice_tokens)
-            record.update({f"eval_{k}": v for k, v in result.items()})
-        history.append(record)
-        if callback is not None:
-            callback(step, record)
-        if stop_when_exact and exact:
-            break
-    return params, history
+        return train_sft
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,8 +2,9 @@
 
 Reading order: `components.build` (env, tokenizer, text tables, model), `grpo_loop.make_grpo_step` (ONE
 jitted program: the env's examples -> rollout -> group advantages -> optimizer passes -> metrics),
-`grpo_loop.train_grpo` (stages and steps: checkpoints, metrics, samples), `sft_loop.run_sft`,
-`evaluate.evaluate`; `keys` names the random streams; `events` the loops' moments a caller may observe.
+`grpo_loop.train_grpo` (stages and steps: checkpoints, metrics, samples), `sft_loop.run_sft` (`train_sft`),
+`evaluate.evaluate`; `keys` names the random streams; `events` the loops' moments a caller may observe;
+`loop` the one training loop both run in (`TrainState`, `RunLog`, `run_loop`, resume and checkpoint helpers).
 """
 
 from jaxrl_llm.compat import ENV_FILE, env_record  # noqa: F401
@@ -18,4 +19,5 @@ from jaxrl_llm.train.grpo_loop import (  # noqa: F401
     write_samples,
 )
 from jaxrl_llm.train.keys import stream  # noqa: F401
-from jaxrl_llm.train.sft_loop import run_sft, sft_rows  # noqa: F401
+from jaxrl_llm.train.loop import Loop, RunLog, TrainState, run_loop  # noqa: F401
+from jaxrl_llm.train.sft_loop import run_sft, sft_rows, train_sft  # noqa: F401

@@ -1,10 +1,11 @@
 """Loop events: named moments of the training loops that a caller may observe through an `on_event` hook.
 
-`run_sft(..., on_event=hook)` and `train_grpo(..., on_event=hook)` call `hook(LoopEvent(point, step, ...))` at
+`run_sft(..., on_event=hook)` (`train_sft`) and `train_grpo(..., on_event=hook)` call `hook(LoopEvent(point, step,
+...))` (through `train.loop.run_loop`) at
 
 | point | moment |
 |---|---|
-| `sft_step` | SFT step `step` (1-based) done, its metrics row written |
+| `sft_step` | SFT step `step` (1-based) computed (its check and held-out eval too), its row not yet written |
 | `grpo_step` | GRPO step `step` computed (params updated, metrics on the host), its row not yet written |
 | `eval` | the evaluation after GRPO step `step` computed, its row not yet written |
 | `save` | the checkpoint of step `step` started (asynchronous: perhaps not committed; `checkpointer.wait()` commits) |

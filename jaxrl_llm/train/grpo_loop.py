@@ -1,4 +1,5 @@
-"""GRPO: one jitted step (examples -> rollout -> group advantages -> optimizer passes) and the resumable loop.
+"""GRPO: one jitted step (examples -> rollout -> group advantages -> optimizer passes) and its stages in the
+shared training loop (`train.loop`).
 
 Resume: every checkpoint holds params, optimizer state, the global step and the run's base key; the
 key of step s is `keys.stream(seed, "grpo", s)` and the examples of step s come from it, so a run killed at
@@ -8,6 +9,7 @@ the same metrics, bit for bit on the CPU, as a run that was never interrupted.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -22,17 +24,20 @@ from jaxrl_llm.checkpoint import Checkpointer
 from jaxrl_llm.checks import ConfigError
 from jaxrl_llm.compat import run_checkpointer
 from jaxrl_llm.config import ExperimentConfig
-from jaxrl_llm.log_sinks import close_sinks, open_sinks
-from jaxrl_llm.metrics import MetricsWriter, Progress, log_name, metric_kind, read_metrics
+from jaxrl_llm.metrics import MetricsWriter, log_name, metric_kind
 from jaxrl_llm.rollout import Trajectory, games_text, make_rollout, model_policy, rollout, write_games_jsonl
-from jaxrl_llm.run_lock import RunExistsError, RunLock
+from jaxrl_llm.run_lock import RunLock
 from jaxrl_llm.text import require_reply_template
 from jaxrl_llm.train.components import (Components, base_params, build, initial_policy, make_mesh,
                                         policy_view, replicate, sft_trainable, shard_params, trainable_target)
-from models import lora
-from jaxrl_llm.train.evaluate import GENERIC_SUMMARY, evaluate
-from jaxrl_llm.train.events import EventHook, LoopEvent, no_events
+from jaxrl_llm.train.evaluate import GENERIC_SUMMARY
+from jaxrl_llm.train.events import EventHook, no_events
 from jaxrl_llm.train.keys import stream
+from jaxrl_llm.train.loop import (  # noqa: F401  (placed_like_outputs, refuse_existing_run: their old home)
+    Loop, RunLog, TrainState, checkpoint_target, periodic_eval, placed_like_outputs, refuse_existing_run,
+    restore_state, run_loop, save_state,
+)
+from models import lora
 
 
 def rollout_metrics(traj: Trajectory, kinds=None) -> dict[str, jax.Array]:
@@ -124,22 +129,6 @@ def make_grpo_step(comp: Components, stage: int, mesh=None):
     return jax.jit(step, donate_argnums=(0, 1)), optimizer
 
 
-def placed_like_outputs(tree, mesh=None):
-    """`tree` (e.g. a fresh `optimizer.init(params)` or a restored optimizer state) with every leaf committed
-    to a device, as the jitted step's outputs are: the uncommitted ones (optax's int32 step counts, made by
-    `jnp.zeros` outside any jit) are put on the default device, or replicated over `mesh`.
-
-    Why: jit keys its cache on each argument's placement, and an uncommitted array is a different key from
-    a committed one. The step's outputs are committed, so without this the second call of every stage
-    compiled the whole step again (with an SFT start or a resumed run, whose params are committed).
-    """
-    from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
-
-    target = SingleDeviceSharding(jax.devices()[0]) if mesh is None else NamedSharding(mesh, PartitionSpec())
-    return jax.tree_util.tree_map(
-        lambda x: x if not isinstance(x, jax.Array) or x.committed else jax.device_put(x, target), tree)
-
-
 def time_stage_rollout(comp: Components, stage: int, params, key: jax.Array, repeats: int = 2) -> float:
     """Seconds for the rollout alone of one step of GRPO stage `stage` (its batch, its settings; compiled
     first, best of `repeats`): with the stage's step_time it splits a GRPO step into rollout and update."""
@@ -191,19 +180,6 @@ def progress_keys(comp: Components) -> tuple[str, ...]:
     return ("reward_mean", *metrics, "format_rate", "games_per_s")
 
 
-def refuse_existing_run(config: ExperimentConfig, ckpt: Checkpointer) -> None:
-    """checkpoint.resume = false must not overwrite a run: RunExistsError when the folder holds one."""
-    steps = ckpt.all_steps()
-    metrics = Path(config.run.output_dir) / "metrics.jsonl"
-    lines = len(read_metrics(metrics))
-    if steps or lines:
-        held = ", ".join(([f"checkpoints up to step {steps[-1]} in {ckpt.directory}"] if steps else [])
-                         + ([f"{lines} steps in {metrics}"] if lines else []))
-        raise RunExistsError(
-            f"checkpoint.resume = false, but {config.run.output_dir!r} already holds a run ({held}); nothing was "
-            "changed. Resume it (checkpoint.resume = true, the default), start the new run in another folder "
-            "(--set run.output_dir=...), or delete the old one first")
-
 
 def train_grpo(config: ExperimentConfig, comp: Components | None = None, stop_after: int | None = None,
                log=print, on_event: EventHook = no_events) -> dict[str, Any]:
@@ -217,6 +193,7 @@ def train_grpo(config: ExperimentConfig, comp: Components | None = None, stop_af
     on_event: called at the loop's moments (`train.events`: grpo_step, eval, save).
     One trainer per output folder (`run_lock.RunLock`); resuming skips a damaged newest checkpoint for the
     newest good one, with a warning naming both; checkpoint.resume = false on an existing run is refused.
+    The steps run in the shared loop (`train.loop.run_loop`), one stage at a time (`_run_stage`).
     """
     if sum(s.steps for s in config.grpo) == 0:
         raise ConfigError("there is no GRPO step to run: add a [[grpo]] stage with steps >= 1 to the preset"
@@ -231,109 +208,110 @@ def _train_grpo_locked(config: ExperimentConfig, comp: Components | None, stop_a
     out = Path(config.run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     total = sum(s.steps for s in config.grpo)
-    base_key = jax.random.PRNGKey(config.run.seed)
     ckpt = run_checkpointer(config.checkpoint_dir(), keep=config.checkpoint.keep,
                             async_save=config.checkpoint.async_save)
     try:
         if not config.checkpoint.resume:
             refuse_existing_run(config, ckpt)
-        latest = ckpt.latest_step() if config.checkpoint.resume else None
-        params_target = trainable_target(comp)
-        step = 0
-        opt_state = None
-        if latest is not None:
-            stage_of = {}
-
-            def target_of(at: int):  # the optimizer state's structure is that of the checkpoint's stage
-                stage_of[at] = int(ckpt.metadata(at).get("metadata", {}).get("stage", 0))
-                _, opt0 = make_grpo_step(comp, stage_of[at])
-                return {
-                    "params": params_target,
-                    "opt_state": jax.eval_shape(opt0.init, params_target),
-                    "step": jax.ShapeDtypeStruct((), jnp.int32),
-                    "rng": jax.eval_shape(lambda: jax.random.key_data(base_key)),
-                }
-
-            latest, state = ckpt.restore_newest_good(target_of, expect_config=config, log=log)
-            stage_of_ckpt = stage_of[latest]
-            params, opt_state, step = state["params"], state["opt_state"], int(state["step"])
-            if global_stage(config, step)[0] != stage_of_ckpt:
-                opt_state = None  # the checkpoint closed its stage: the next stage starts a fresh optimizer
-            if step >= total:  # the config now asks for fewer steps than the run has made
-                log(f"resumed from {ckpt.directory} at step {step}: the run is already past its end (the stages now "
-                    f"total {total} steps); nothing to train. Raise grpo.N.steps to train on")
-            else:
-                log(f"resumed from {ckpt.directory} at step {step}/{total}")
-        else:
-            params = initial_policy(comp)
+        state = _start_state(config, comp, ckpt, total, log)
         mesh = make_mesh(config)
-        if comp.lora is None:
-            frozen = None
-            params = shard_params(comp, params, mesh)
-            ref_params = shard_params(comp, initial_policy(comp), mesh)
-        else:  # one frozen base: the policy is base + adapters; the KL reference is the base with the adapters
-            # off, or base + the SFT adapters when GRPO starts from them (as the full model's reference is SFT's)
-            frozen = base_params(comp, mesh)
-            params = replicate(params, mesh)
-            start = sft_trainable(comp)
-            ref_params = frozen if start is None else lora.join(frozen, replicate(start, mesh))
-        params = placed_like_outputs(params, mesh)
-        sinks = open_sinks(config.run.log, out, log)
-        writer = MetricsWriter(out / "metrics.jsonl", resume_step=step, sinks=sinks, group="grpo")
+        state, ref_params = _placed(comp, state, mesh)
+        run = RunLog(config, "metrics.jsonl", "grpo", total, progress_keys(comp), log, resume_step=state.step)
         if (out / "eval_metrics.jsonl").exists():  # evaluations after the resumed step are redone
-            MetricsWriter(out / "eval_metrics.jsonl", resume_step=step).close()
-        keys = progress_keys(comp)
-        progress = Progress(total, "grpo", keys=keys)
-        progress.update(advance=min(step, total))  # a run past its (lowered) end shows total/total, not 250 %
+            MetricsWriter(out / "eval_metrics.jsonl", resume_step=state.step).close()
         stop = total if stop_after is None else min(total, stop_after)
-        while step < stop:
-            stage, done_in_stage = global_stage(config, step)
-            s = config.grpo[stage]
-            step_fn, optimizer = make_grpo_step(comp, stage, mesh)
-            if opt_state is None or done_in_stage == 0:
-                opt_state = optimizer.init(params)
-            opt_state = placed_like_outputs(opt_state, mesh)  # else the stage's second step compiles again
-            ref = ref_params if s.loss.beta > 0 else None
-            stage_end = step - done_in_stage + s.steps
-            while step < min(stage_end, stop):
-                t0 = time.perf_counter()
-                params, opt_state, metrics, traj = step_fn(params, opt_state, ref,
-                                                           stream(config.run.seed, "grpo", step), frozen)
-                metrics = jax.device_get(metrics)
-                on_event(LoopEvent("grpo_step", step + 1))
-                dt = time.perf_counter() - t0
-                record = {k: float(v) for k, v in metrics.items()}  # learning_rate: the mean rate applied
-                record.update(
-                    stage=stage, step_time=dt,
-                    games_per_s=s.batch_size / dt, tokens_per_s=record["total_tokens"] / dt,
-                    sampled_tokens_per_s=record["sampled_tokens"] / dt, temperature=s.sampling.temperature,
-                )
-                step += 1
-                writer.write(step, record)
-                progress.update(**{k: record[k] for k in keys if k in record})
-                if config.run.sample_every and step % config.run.sample_every == 0:
-                    write_samples(out / "samples" / f"step_{step:06d}", comp, traj, min(4, s.batch_size), sinks, step)
-                if config.eval.every_steps and step % config.eval.every_steps == 0:
-                    results = evaluate(comp, policy_view(comp, params))
-                    on_event(LoopEvent("eval", step))
-                    with MetricsWriter(out / "eval_metrics.jsonl", resume_step=step - 1, sinks=sinks,
-                                       group="eval") as evals:
-                        evals.write(step, {f"{name}_{k}": v for name, r in results.items() for k, v in r.items()})
-                every = config.checkpoint.every_steps
-                if (every and step % every == 0) or step == stage_end or step == stop:
-                    # The RNG state: step s draws everything from stream(seed, "grpo", s), so (base key, step)
-                    # is the whole of it; the data position is the number of games played so far.
-                    ckpt.save(step, {"params": params, "opt_state": opt_state, "step": jnp.int32(step),
-                                     "rng": jax.random.key_data(base_key)}, config=config,
-                              metadata={"stage": stage, "stage_step": step - (stage_end - s.steps),
-                                        "games_played": games_played(config, step)})
-                    on_event(LoopEvent("save", step, ckpt))
-            if step == stage_end:
-                opt_state = None
-        progress.close()
-        writer.close()
-        close_sinks(sinks)
+        while state.step < stop:
+            state = _run_stage(config, comp, state, ref_params, mesh, stop, run, ckpt, on_event)
+        run.close()
         ckpt.wait()
-        return {"params": policy_view(comp, params), "step": step, "metrics_path": str(out / "metrics.jsonl")}
+        return {"params": policy_view(comp, state.params), "step": state.step,
+                "metrics_path": str(out / "metrics.jsonl")}
     finally:
         ckpt.close()
+
+
+def _start_state(config: ExperimentConfig, comp: Components, ckpt: Checkpointer, total: int, log) -> TrainState:
+    """The run's first state: the newest good checkpoint's (checkpoint.resume = true and one exists; its
+    optimizer state dropped when that checkpoint closed its stage), else the initial policy at step 0. The
+    base key is PRNGKey(run.seed); step s draws from `keys.stream(seed, "grpo", s)`."""
+    base_key = jax.random.PRNGKey(config.run.seed)
+    latest = ckpt.latest_step() if config.checkpoint.resume else None
+    if latest is None:
+        return TrainState(initial_policy(comp), None, 0, base_key)
+    params_target = trainable_target(comp)
+    stage_of = {}
+
+    def target_of(at: int):  # the optimizer state's structure is that of the checkpoint's stage
+        stage_of[at] = int(ckpt.metadata(at).get("metadata", {}).get("stage", 0))
+        _, opt0 = make_grpo_step(comp, stage_of[at])
+        return checkpoint_target(params_target, jax.eval_shape(opt0.init, params_target), base_key)
+
+    latest, state = restore_state(ckpt, target_of, config, base_key, log=log)
+    if global_stage(config, state.step)[0] != stage_of[latest]:
+        state = dataclasses.replace(state, opt_state=None)  # it closed its stage: the next starts a fresh optimizer
+    if state.step >= total:  # the config now asks for fewer steps than the run has made
+        log(f"resumed from {ckpt.directory} at step {state.step}: the run is already past its end (the stages now "
+            f"total {total} steps); nothing to train. Raise grpo.N.steps to train on")
+    else:
+        log(f"resumed from {ckpt.directory} at step {state.step}/{total}")
+    return state
+
+
+def _placed(comp: Components, state: TrainState, mesh) -> tuple[TrainState, Any]:
+    """(state with its params placed for the step and the frozen LoRA base set, the KL reference params).
+    Without LoRA the params are sharded over `mesh` and the reference is the initial policy. With LoRA one
+    frozen base: the policy is base + adapters; the reference is the base with the adapters off, or base +
+    the SFT adapters when GRPO starts from them (as the full model's reference is SFT's)."""
+    if comp.lora is None:
+        frozen = None
+        params = shard_params(comp, state.params, mesh)
+        ref_params = shard_params(comp, initial_policy(comp), mesh)
+    else:
+        frozen = base_params(comp, mesh)
+        params = replicate(state.params, mesh)
+        start = sft_trainable(comp)
+        ref_params = frozen if start is None else lora.join(frozen, replicate(start, mesh))
+    return dataclasses.replace(state, params=placed_like_outputs(params, mesh), frozen=frozen), ref_params
+
+
+def _run_stage(config: ExperimentConfig, comp: Components, state: TrainState, ref_params, mesh, stop: int,
+               run: RunLog, ckpt: Checkpointer, on_event: EventHook) -> TrainState:
+    """The steps of the stage that `state.step` is in, up to its end or `stop`, in `run_loop`: the stage's
+    jitted step (a fresh optimizer at the stage's start or after a stage-closing checkpoint), then samples,
+    evaluation and checkpoints. The state leaves without an optimizer state when the stage is done."""
+    stage, done_in_stage = global_stage(config, state.step)
+    s = config.grpo[stage]
+    step_fn, optimizer = make_grpo_step(comp, stage, mesh)
+    opt_state = optimizer.init(state.params) if state.opt_state is None or done_in_stage == 0 else state.opt_state
+    state = dataclasses.replace(state, opt_state=placed_like_outputs(opt_state, mesh))  # else step 2 compiles again
+    ref = ref_params if s.loss.beta > 0 else None
+    stage_end = state.step - done_in_stage + s.steps
+
+    def step(state: TrainState):
+        t0 = time.perf_counter()
+        params, opt_state, metrics, traj = step_fn(state.params, state.opt_state, ref,
+                                                   stream(config.run.seed, "grpo", state.step), state.frozen)
+        metrics = jax.device_get(metrics)
+        dt = time.perf_counter() - t0
+        record = {k: float(v) for k, v in metrics.items()}  # learning_rate: the mean rate applied
+        record.update(stage=stage, step_time=dt, games_per_s=s.batch_size / dt,
+                      tokens_per_s=record["total_tokens"] / dt, sampled_tokens_per_s=record["sampled_tokens"] / dt,
+                      temperature=s.sampling.temperature)
+        return dataclasses.replace(state, params=params, opt_state=opt_state, step=state.step + 1), record, traj
+
+    def samples(state: TrainState, record, traj) -> None:
+        if config.run.sample_every and state.step % config.run.sample_every == 0:
+            write_samples(run.out / "samples" / f"step_{state.step:06d}", comp, traj, min(4, s.batch_size),
+                          run.sinks, state.step)
+
+    def save(state: TrainState, record, traj) -> None:
+        every = config.checkpoint.every_steps
+        if (every and state.step % every == 0) or state.step in (stage_end, stop):
+            # The RNG state: step s draws everything from stream(seed, "grpo", s), so (base key, step) is the
+            # whole of it; the data position is the number of games played so far.
+            save_state(ckpt, state, config, {"stage": stage, "stage_step": state.step - (stage_end - s.steps),
+                                             "games_played": games_played(config, state.step)}, on_event)
+
+    after = (samples, periodic_eval(config, comp, run, on_event), save)
+    state = run_loop(state, min(stage_end, stop), Loop("grpo_step", step, after), run, on_event)
+    return dataclasses.replace(state, opt_state=None) if state.step == stage_end else state

@@ -18,6 +18,8 @@ log-probs are the trajectory's `logprobs` (aligned with `tokens`: position t hol
 Notation used in the docstrings: B rows, L positions, V vocabulary, m[b, t] the loss mask (1 on the
 model's sampled tokens), A[b] the advantage, logp / logq / logref the policy's, sampler's and reference's
 log-prob of the token at each position, r = exp(logp - logq) the per-token importance ratio.
+The per-token and slot log-probs live in `algos.token_logprobs`, the metrics in `algos.grpo_metrics`,
+the input checks in `algos.grpo_inputs`; this module re-exports the public log-prob helpers.
 """
 
 from __future__ import annotations
@@ -32,7 +34,23 @@ import optax
 
 from jaxrl_llm.algos.update import UpdateSchedule, bucket_lengths, bucketed_map, minibatch_update, real_lengths
 from jaxrl_llm.checks import ConfigError, check_choice, check_float, check_int
-from jaxrl_llm.generate.sampler import NOT_IN_TOML, restrict_logits
+from jaxrl_llm.algos.grpo_inputs import check_batch, check_extras
+from jaxrl_llm.algos.grpo_metrics import batch_metrics, decision_metrics, decision_sums, finish_metrics, step_metrics
+from jaxrl_llm.algos.token_logprobs import (  # noqa: F401  (token_logprobs .. slot_logits: re-exported)
+    at_slots,
+    forward_inputs,
+    logits_entropy,
+    loss_slots,
+    picked_logprobs,
+    policy_logprobs,
+    slot_forward,
+    slot_layout,
+    slot_logits,
+    slot_logprobs,
+    token_entropy,
+    token_logprobs,
+)
+from jaxrl_llm.generate.sampler import NOT_IN_TOML
 from models import lora
 
 LOSS_TYPES = ("token-mean", "sequence-mean-token-mean", "dr-grpo")
@@ -180,7 +198,7 @@ class GrpoConfig:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# Advantages and per-token log-probs
+# Advantages
 # ----------------------------------------------------------------------------------------------------------
 
 
@@ -236,30 +254,6 @@ def episode_advantages(config: GrpoConfig, rewards: jax.Array, group_size: int) 
     if config.estimator == "rloo":
         return rloo_advantages(rewards, group_size)
     return group_advantages(rewards, group_size, config.scale_rewards, config.std_eps)
-
-
-def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
-    """Log-prob of each token under the previous position's logits: float32[B, L, V], int32[B, L] -> float32[B, L].
-
-    out[:, t] = log_softmax(logits[:, t - 1])[tokens[:, t]] for t >= 1 and out[:, 0] = 0, aligned with
-    `Trajectory.logprobs` (the logits at the last position predict nothing and are unused).
-    """
-    logits = logits[:, :-1].astype(jnp.float32)
-    target = tokens[:, 1:].astype(jnp.int32)
-    picked = jnp.take_along_axis(logits, target[..., None], axis=-1)[..., 0]
-    logp = picked - jax.nn.logsumexp(logits, axis=-1)
-    return jnp.pad(logp, ((0, 0), (1, 0)))
-
-
-def token_entropy(logits: jax.Array) -> jax.Array:
-    """Entropy of the distribution each token was drawn from: float32[B, L, V] -> float32[B, L].
-
-    out[:, t] = H(softmax(logits[:, t - 1])) for t >= 1 and out[:, 0] = 0 (aligned like `token_logprobs`).
-    """
-    logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
-    p = jnp.exp(logp)
-    ent = -jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1)
-    return jnp.pad(ent, ((0, 0), (1, 0)))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -322,23 +316,6 @@ def _loss_and_sums(policy_logprobs, sampler_logprobs, ref_logprobs, advantages, 
     return loss, sums
 
 
-def _finish_metrics(sums: dict, with_entropy: bool) -> dict:
-    """Per-token means from the sums of `_loss_and_sums`."""
-    n = jnp.maximum(sums["tokens"], 1.0)
-    metrics = {
-        "num_tokens": sums["tokens"],
-        "clip_frac_low": sums["clip_low"] / n,
-        "clip_frac_high": sums["clip_high"] / n,
-        "clip_frac": (sums["clip_low"] + sums["clip_high"]) / n,
-        "ratio_mean": sums["ratio"] / n,
-        "kl": sums["kl"] / n,
-        "ratio_masked_frac": sums["ratio_masked"] / n,
-    }
-    if with_entropy:
-        metrics["entropy"] = sums["entropy"] / n
-    return metrics
-
-
 def grpo_loss(
     policy_logprobs: jax.Array,
     sampler_logprobs: jax.Array,
@@ -368,7 +345,7 @@ def grpo_loss(
     mask = loss_mask.astype(jnp.float32)
     loss, sums = _loss_and_sums(policy_logprobs, sampler_logprobs, ref_logprobs, advantages, mask, config,
                                 jnp.sum(mask), mask.shape[0], entropy)
-    metrics = _finish_metrics(sums, entropy is not None)
+    metrics = finish_metrics(sums, entropy is not None)
     metrics["loss"] = loss
     return loss, metrics
 
@@ -378,179 +355,6 @@ def grpo_loss(
 # ----------------------------------------------------------------------------------------------------------
 
 
-def policy_logprobs(module, params, tokens: jax.Array, temperature: float = 1.0, with_entropy: bool = False):
-    """Full forward, then per-token log-probs (and entropies): int32[B, L] -> float32[B, L] (, float32[B, L]).
-
-    The logits are divided by `temperature` first. The entropy is None unless `with_entropy`.
-    """
-    logits, _ = module.apply({"params": params}, tokens)
-    logits = logits.astype(jnp.float32)
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = token_logprobs(logits, tokens)
-    return logp, (token_entropy(logits) if with_entropy else None)
-
-
-def loss_slots(loss_mask: jax.Array, slots: int) -> tuple[jax.Array, jax.Array]:
-    """Where each row's loss tokens are: float32[B, L], K -> (positions int32[B, K], valid bool[B, K]).
-
-    Slot k of row b holds the k-th loss position of the row (ascending); slots past the row's count are
-    invalid (position 0). A row's loss tokens past the K-th are in no slot.
-    """
-    on = loss_mask > 0
-    order = jnp.argsort(~on, axis=1, stable=True)[:, :slots].astype(jnp.int32)
-    valid = jnp.take_along_axis(on, order, axis=1)
-    return jnp.where(valid, order, 0), valid
-
-
-def slot_logits(module, params, tokens: jax.Array, positions: jax.Array | None, temperature: float = 1.0):
-    """The logits each slot's token was drawn from, divided by `temperature`: float32[R, K, V].
-
-    positions int32[R, K] (token positions, >= 1 where used): the model's logits at positions - 1 only,
-    the final hidden states gathered before the LM head (`logit_positions`). None: the slots are the
-    positions 0 .. T-1 of tokens int32[R, T] (K = T; the full logits shifted by one, slot 0 zeros since
-    nothing predicts the first token).
-    """
-    if positions is not None:
-        logits, _ = module.apply({"params": params}, tokens, logit_positions=jnp.maximum(positions - 1, 0))
-    else:
-        logits, _ = module.apply({"params": params}, tokens)
-        logits = jnp.pad(logits[:, :-1], ((0, 0), (1, 0), (0, 0)))
-    logits = logits.astype(jnp.float32)
-    return logits / temperature if temperature != 1.0 else logits
-
-
-def _picked_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
-    """log softmax(logits)[target]: float32[R, K, V], int32[R, K] -> float32[R, K]."""
-    picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    return picked - jax.nn.logsumexp(logits, axis=-1)
-
-
-def _entropy(logits: jax.Array) -> jax.Array:
-    """Entropy of softmax(logits) over the last axis: float32[..., V] -> float32[...]."""
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    p = jnp.exp(logp)
-    return -jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1)
-
-
-def _check_batch(config: GrpoConfig, tokens, loss_mask, sampler_logprobs, rewards):
-    if tokens.ndim != 2:
-        raise ValueError(f"tokens must be int32[B, L], got shape {tokens.shape}")
-    if loss_mask.shape != tokens.shape or sampler_logprobs.shape != tokens.shape:
-        raise ValueError(
-            f"tokens {tokens.shape}, loss_mask {loss_mask.shape} and sampler_logprobs {sampler_logprobs.shape} "
-            "must have the same shape [B, L]"
-        )
-    batch = tokens.shape[0]
-    if rewards.shape != (batch,):
-        raise ValueError(f"rewards must be float32[{batch}], got shape {rewards.shape}")
-    if batch % config.group_size:
-        raise ValueError(f"batch {batch} is not a multiple of group_size {config.group_size}")
-    if batch % config.micro_batches:
-        raise ValueError(
-            f"batch {batch} is not a multiple of num_minibatches * grad_accum_steps = "
-            f"{config.num_minibatches} * {config.grad_accum_steps}"
-        )
-
-
-def _check_extras(config: GrpoConfig, shape, advantages, decision_mask, choice_legal, choice_tokens,
-                  choice_set=None, choice_sets=None):
-    """The optional per-token inputs of `grpo_update_step`, as float32 / bool / int32 / int8 arrays (or None)."""
-    batch, length = shape
-    if (choice_set is None) != (choice_sets is None):
-        raise ValueError("choice_set (the trajectory's, int8[B, L]) and choice_sets (bool[K, V], "
-                         "tables.reply_template.sets) go together: constrained replies need both")
-    if choice_set is not None:
-        choice_set = jnp.asarray(choice_set, jnp.int8)
-        choice_sets = jnp.asarray(choice_sets, bool)
-        if choice_set.shape != (batch, length):
-            raise ValueError(f"choice_set must be int8[{batch}, {length}], got shape {choice_set.shape}")
-        if choice_sets.ndim != 2:
-            raise ValueError(f"choice_sets must be bool[K, V], got shape {choice_sets.shape}")
-    if advantages is not None:
-        advantages = jnp.asarray(advantages, jnp.float32)
-        if advantages.shape not in ((batch,), (batch, length)):
-            raise ValueError(f"advantages must be float32[{batch}] or float32[{batch}, {length}], got shape "
-                             f"{advantages.shape}")
-    if decision_mask is not None:
-        decision_mask = jnp.asarray(decision_mask, jnp.float32)
-        if decision_mask.shape != (batch, length):
-            raise ValueError(f"decision_mask must be float32[{batch}, {length}], got shape {decision_mask.shape}")
-    if config.loss_on == "decision" and decision_mask is None:
-        raise ValueError("GrpoConfig.loss_on = 'decision' needs decision_mask (the trajectory's decision tokens)")
-    if choice_legal is not None:
-        if choice_tokens is None:
-            raise ValueError("choice_legal needs choice_tokens (int32[C], the token of each choice)")
-        choice_tokens = jnp.asarray(choice_tokens, jnp.int32)
-        choice_legal = jnp.asarray(choice_legal, bool)
-        if choice_legal.shape != (batch, length, choice_tokens.shape[0]):
-            raise ValueError(f"choice_legal must be bool[{batch}, {length}, {choice_tokens.shape[0]}] (C from "
-                             f"choice_tokens), got shape {choice_legal.shape}")
-        if choice_tokens.shape[0] == 0:
-            choice_legal = choice_tokens = None
-    return advantages, decision_mask, choice_legal, choice_tokens, choice_set, choice_sets
-
-
-def _slot_layout(config: GrpoConfig, loss_mask: jax.Array) -> tuple[jax.Array, jax.Array, int]:
-    """The update's per-token layout, K slots a row: float32[B, L] -> (positions int32[B, K], valid bool[B, K], K).
-
-    With logits_at_loss_only the slots are the loss positions (`loss_slots`; K = max_completion_tokens
-    rounded up to 8, at most L, or L when it is unset); else the positions themselves (K = L; positions unused).
-    """
-    batch, length = loss_mask.shape
-    if not config.logits_at_loss_only:
-        return jnp.zeros((batch, length), jnp.int32), loss_mask > 0, length
-    bound = config.max_completion_tokens or length
-    slots = min(length, -(-bound // 8) * 8)
-    positions, valid = loss_slots(loss_mask, slots)
-    return positions, valid, slots
-
-
-def _at_slots(config: GrpoConfig, positions: jax.Array, x: jax.Array) -> jax.Array:
-    """The values at the slots of `_slot_layout`: [B, L, ...] -> [B, K, ...] (x itself when K = L)."""
-    if not config.logits_at_loss_only:
-        return x
-    return jnp.take_along_axis(x, positions.reshape(positions.shape + (1,) * (x.ndim - 2)), axis=1)
-
-
-def _slot_forward(module, config: GrpoConfig, choice_sets, policy, tokens, positions, kb: int, cset=None):
-    """The logits of rows' first kb slots: tokens int32[R, lb] (cut to their bucket), positions int32[R, K]
-    -> float32[R, kb, V]. policy: the params `module.apply` takes (with LoRA, joined); cset int8[R, kb]: the
-    slots' allowed sets (the logits restricted to them, as the sampler's; after the temperature is the same)."""
-    logits = slot_logits(module, policy, tokens, positions[:, :kb] if config.logits_at_loss_only else None,
-                         config.temperature)
-    return restrict_logits(logits, cset, choice_sets) if cset is not None else logits
-
-
-def _forward_inputs(data: dict) -> dict:
-    """What a no-gradient forward of the update's rows reads: tokens, pos, target (and cset)."""
-    return {k: data[k] for k in ("tokens", "pos", "target", "cset") if k in data}
-
-
-def _slot_logprobs(module, config: GrpoConfig, slots: int, choice_sets, policy, bucket: int, chunk: dict) -> tuple:
-    """The log-probs of a chunk's slot tokens at a bucket length, padded to K slots: (float32[R, K],)
-    (the `update.bucketed_map` fn; chunk: `_forward_inputs` of R rows)."""
-    kb = min(slots, bucket)
-    cset = chunk["cset"][:, :kb] if "cset" in chunk else None
-    logits = _slot_forward(module, config, choice_sets, policy, chunk["tokens"][:, :bucket], chunk["pos"], kb, cset)
-    return (jnp.pad(_picked_logprobs(logits, chunk["target"][:, :kb]), ((0, 0), (0, slots - kb))),)
-
-
-def _decision_sums(logits: jax.Array, micro: dict, kb: int, choice_tokens) -> dict:
-    """Entropy and illegal-choice mass summed over a micro-batch's decision slots, without gradient
-    (logits float32[R, kb, V]; {} without `decision` in micro, no illegal mass without `legal`)."""
-    if "decision" not in micro:
-        return {}
-    logits = jax.lax.stop_gradient(logits)
-    d = micro["decision"][:, :kb]
-    out = {"dec_n": jnp.sum(d), "dec_entropy": jnp.sum(d * _entropy(logits))}
-    if "legal" in micro:
-        logz = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
-        p_choice = jnp.exp(logits[..., choice_tokens] - logz)  # [R, kb, C]
-        out["dec_illegal"] = jnp.sum(d * jnp.sum(jnp.where(micro["legal"][:, :kb], 0.0, p_choice), axis=-1))
-    return out
-
-
 def _micro_loss(module, config: GrpoConfig, slots: int, rows: int, frozen, choice_sets, choice_tokens,
                 p, micro: dict, bucket: int, token_count: jax.Array, key: jax.Array) -> tuple[jax.Array, dict]:
     """The GRPO loss of one micro-batch at a bucket length (`update.minibatch_update`'s loss_fn) -> (loss, sums).
@@ -558,29 +362,29 @@ def _micro_loss(module, config: GrpoConfig, slots: int, rows: int, frozen, choic
     micro: R rows of `_update_data` (tokens int32[R, L]; pos, target, mask, sampler [R, K]; adv [R] or
     [R, K]; ref, cset, decision, legal when present). rows and token_count: the minibatch's rows and loss
     tokens (the normalisers its micro-batches share); key: the LoRA dropout key. sums: `_SUM_KEYS` and
-    the decision sums (`_decision_sums`).
+    the decision sums (`decision_sums`).
     """
     kb = min(slots, bucket)
     cut = lambda x: x[:, :kb]  # noqa: E731
     policy = p if frozen is None else lora.join(frozen, p, key)
-    logits = _slot_forward(module, config, choice_sets, policy, micro["tokens"][:, :bucket], micro["pos"], kb,
+    logits = slot_forward(module, config, choice_sets, policy, micro["tokens"][:, :bucket], micro["pos"], kb,
                            cut(micro["cset"]) if "cset" in micro else None)
-    entropy = _entropy(logits) if config.compute_entropy else None
+    entropy = logits_entropy(logits) if config.compute_entropy else None
     adv = micro["adv"] if micro["adv"].ndim == 1 else cut(micro["adv"])
-    loss, sums = _loss_and_sums(_picked_logprobs(logits, cut(micro["target"])), cut(micro["sampler"]),
+    loss, sums = _loss_and_sums(picked_logprobs(logits, cut(micro["target"])), cut(micro["sampler"]),
                                 cut(micro["ref"]) if "ref" in micro else None, adv, cut(micro["mask"]), config,
                                 token_count, rows, entropy)
-    return loss, {**sums, **_decision_sums(logits, micro, kb, choice_tokens)}
+    return loss, {**sums, **decision_sums(logits, micro, kb, choice_tokens)}
 
 
 def _update_data(config: GrpoConfig, tokens, loss_mask, sampler_logprobs, advantages, use_ref: bool,
                  decision_mask=None, choice_legal=None, choice_set=None) -> tuple[dict, int]:
-    """The rows the generic update walks -> (data, K): tokens int32[B, L]; at the K slots (`_slot_layout`)
+    """The rows the generic update walks -> (data, K): tokens int32[B, L]; at the K slots (`slot_layout`)
     pos, target, mask, sampler, and cset / decision / legal when given ([B, K]); adv float32[B] or [B, K];
     need (`real_lengths`) and signal (a row with an advantage != 0 on a loss token; every row when the KL
     term is on, since it has a gradient everywhere)."""
-    positions, valid, slots = _slot_layout(config, loss_mask)
-    at = functools.partial(_at_slots, config, positions)
+    positions, valid, slots = slot_layout(config, loss_mask)
+    at = functools.partial(at_slots, config, positions)
     slot_mask = at(loss_mask) * valid
     adv = advantages if advantages.ndim == 1 else at(advantages)
     adv_2d = adv[:, None] if adv.ndim == 1 else adv
@@ -594,62 +398,6 @@ def _update_data(config: GrpoConfig, tokens, loss_mask, sampler_logprobs, advant
         if choice_legal is not None:
             data["legal"] = at(choice_legal)
     return data, slots
-
-
-def _step_metrics(config: GrpoConfig, steps: dict) -> tuple[dict, dict]:
-    """The figures of `update.minibatch_update`'s steps -> (metrics, decision sums over the whole update).
-
-    metrics: the `grpo_loss` metrics, loss and grad_norm averaged over the optimizer steps; grad_norm_max;
-    optimizer_steps (taken); learning_rate (the mean rate of the steps taken) when the optimizer logs it.
-    """
-    steps = dict(steps)
-    taken = jnp.sum(steps.pop("optimizer_step"))
-    rate = steps.pop("learning_rate", None)
-    dec = {k: jnp.sum(steps.pop(k)) for k in list(steps) if k.startswith("dec_")}
-    per_step = _finish_metrics(steps, config.compute_entropy)
-    per_step.pop("num_tokens")
-    per_step.update(loss=steps["loss"], grad_norm=steps["grad_norm"])
-    metrics = {k: jnp.mean(v) for k, v in per_step.items()}
-    metrics.update(grad_norm_max=jnp.max(steps["grad_norm"]), optimizer_steps=taken)
-    if rate is not None:
-        metrics["learning_rate"] = jnp.sum(rate) / jnp.maximum(taken, 1.0)
-    return metrics, dec
-
-
-def _advantage_stats(advantages: jax.Array, loss_mask: jax.Array) -> dict:
-    """advantage_mean / _std / _min / _max: over rows (float32[B]) or over loss tokens (float32[B, L])."""
-    if advantages.ndim == 1:
-        stats = (jnp.mean(advantages), jnp.std(advantages), jnp.min(advantages), jnp.max(advantages))
-    else:
-        on = loss_mask > 0
-        n_on = jnp.maximum(jnp.sum(on), 1)
-        mean = jnp.sum(jnp.where(on, advantages, 0.0)) / n_on
-        std = jnp.sqrt(jnp.sum(jnp.where(on, (advantages - mean) ** 2, 0.0)) / n_on)
-        stats = (mean, std, jnp.min(jnp.where(on, advantages, jnp.inf)), jnp.max(jnp.where(on, advantages, -jnp.inf)))
-    return dict(zip(("advantage_mean", "advantage_std", "advantage_min", "advantage_max"), stats))
-
-
-def _batch_metrics(config: GrpoConfig, rewards, advantages, loss_mask, slot_mask) -> dict:
-    """The batch's figures: rewards, advantages, groups without spread, loss tokens (and those past the slots)."""
-    grouped = rewards.reshape(-1, config.group_size)
-    zero_std = jnp.mean(jnp.all(grouped == grouped[:, :1], axis=1).astype(jnp.float32))
-    return {"reward_mean": jnp.mean(rewards), "reward_std": jnp.std(rewards), **_advantage_stats(advantages, loss_mask),
-            "frac_zero_std_groups": zero_std, "frac_groups_with_spread": 1.0 - zero_std,
-            "num_tokens": jnp.sum(loss_mask), "loss_tokens_cut": jnp.sum(loss_mask) - jnp.sum(slot_mask)}
-
-
-def _decision_metrics(dec: dict, decision, after, before) -> dict:
-    """decision_tokens, decision_policy_change (mean |after - before| log-prob over the decision slots
-    float32[B, K]), decision_entropy and illegal_choice_prob (from the sums `dec`; NaN when no micro-batch
-    was computed)."""
-    n_dec = jnp.maximum(jnp.sum(decision), 1.0)
-    seen = jnp.where(dec["dec_n"] > 0, dec["dec_n"], jnp.nan)
-    out = {"decision_tokens": jnp.sum(decision),
-           "decision_policy_change": jnp.sum(decision * jnp.abs(after - before)) / n_dec,
-           "decision_entropy": dec["dec_entropy"] / seen}
-    if "dec_illegal" in dec:
-        out["illegal_choice_prob"] = dec["dec_illegal"] / seen
-    return out
 
 
 def grpo_update_step(
@@ -721,8 +469,8 @@ def grpo_update_step(
     loss_mask = jnp.asarray(loss_mask, jnp.float32)
     sampler_logprobs = jnp.asarray(sampler_logprobs, jnp.float32)
     rewards = jnp.asarray(rewards, jnp.float32)
-    _check_batch(config, tokens, loss_mask, sampler_logprobs, rewards)
-    advantages, decision_mask, choice_legal, choice_tokens, choice_set, choice_sets = _check_extras(
+    check_batch(config, tokens, loss_mask, sampler_logprobs, rewards)
+    advantages, decision_mask, choice_legal, choice_tokens, choice_set, choice_sets = check_extras(
         config, tokens.shape, advantages, decision_mask, choice_legal, choice_tokens, choice_set, choice_sets)
     use_ref = config.beta > 0
     if use_ref and ref_params is None:
@@ -736,10 +484,10 @@ def grpo_update_step(
                                choice_legal, choice_set)
     schedule = UpdateSchedule(bucket_lengths(length, config.length_buckets), config.num_minibatches, config.passes,
                               config.grad_accum_steps, config.shuffle, config.skip_zero_advantage and not use_ref)
-    logprobs = functools.partial(_slot_logprobs, module, config, slots, choice_sets)
+    logprobs = functools.partial(slot_logprobs, module, config, slots, choice_sets)
 
     def no_grad_logprobs(policy):  # float32[B, K], chunk by chunk at their buckets
-        return bucketed_map(functools.partial(logprobs, policy), _forward_inputs(data), data["need"],
+        return bucketed_map(functools.partial(logprobs, policy), forward_inputs(data), data["need"],
                             schedule.buckets, batch // config.micro_batches)[0]
 
     if use_ref:  # once per update
@@ -748,11 +496,11 @@ def grpo_update_step(
                                 choice_sets, choice_tokens)
     params, opt_state, steps = minibatch_update(loss_fn, optimizer, schedule, params, opt_state, data, key,
                                                 normalisers=lambda mb: jnp.sum(mb["mask"]))
-    metrics, dec = _step_metrics(config, steps)
-    metrics.update(_batch_metrics(config, rewards, advantages, loss_mask, data["mask"]))
+    metrics, dec = step_metrics(config, steps)
+    metrics.update(batch_metrics(config, rewards, advantages, loss_mask, data["mask"]))
     if "decision" in data:  # one no-grad forward after the update; before = the sampler's log-probs
         after = no_grad_logprobs(params if frozen is None else lora.join(frozen, params))
-        metrics.update(_decision_metrics(dec, data["decision"], after, data["sampler"]))
+        metrics.update(decision_metrics(dec, data["decision"], after, data["sampler"]))
     return params, opt_state, metrics
 
 

@@ -163,7 +163,9 @@ def test_entry_points_register_lazily(tmp_path, monkeypatch):
 def test_every_committed_model_records_the_env_of_its_preset():
     presets = {"cpu": "cpu", "cpu_exploit": "cpu_exploit", "cpu_from_reward": "cpu_from_reward",
                "connect_four_cpu": "connect_four_cpu", "warmup_legal": "warmup_legal",
-               "seed_recipe": "seed_recipe", "seed_recipe_sft": "seed_recipe"}
+               "seed_recipe": "seed_recipe", "seed_recipe_sft": "seed_recipe",
+               "arithmetic_rl": "arithmetic_rl", "arithmetic_rl_sft": "arithmetic_rl",
+               "cpu_from_reward_sft": "cpu_from_reward"}
     folders = sorted(p for p in (ROOT / "experiments" / "checkpoints").iterdir() if (p / "config.json").is_file())
     assert {p.name for p in folders} == set(presets)
     for folder in folders:

@@ -55,108 +55,137 @@ def _signature(tree: Any):
             [(tuple(np.shape(x)), np.dtype(getattr(x, "dtype", type(x)))) for x in jax.tree_util.tree_leaves(tree)])
 
 
-def check_env(env: Env, stage: Any = None, key: jax.Array | None = None, num_prompts: int = 4, group_size: int = 2,
-              max_turns: int = 16) -> list[str]:
-    """Checks `env` against the protocol (see the module docstring) on num_prompts x group_size games of at
-    most `max_turns` replies from `stage` (default: the first evaluation setting's). Returns the names of the
-    checks passed; raises EnvCheckError listing every failure."""
-    name = getattr(env, "name", "") or type(env).__name__
-    failures: list[str] = []
-    passed: list[str] = []
-    params = env.params
-    key = jax.random.PRNGKey(0) if key is None else key
+class _Checker:
+    """One run of `check_env`: the env, its params, the batch's size and the failures and passed checks so
+    far; each `_check_*` function below is one group of the protocol's rules, run in order."""
 
-    def fail(text: str) -> None:
-        failures.append(text)
+    def __init__(self, env: Env, num_prompts: int, group_size: int):
+        self.env = env
+        self.name = getattr(env, "name", "") or type(env).__name__
+        self.params = env.params
+        self.num_prompts, self.group_size = num_prompts, group_size
+        self.batch = num_prompts * group_size
+        self.failures: list[str] = []
+        self.passed: list[str] = []
 
-    def done_with(what: str):
-        if failures:
-            raise EnvCheckError(name, failures)
-        passed.append(what)
+    def fail(self, text: str) -> None:
+        self.failures.append(text)
 
-    # ---- declarative parts ----
+    def done_with(self, what: str) -> None:
+        if self.failures:
+            raise EnvCheckError(self.name, self.failures)
+        self.passed.append(what)
+
+    def error(self, text: str) -> EnvCheckError:
+        """The error that stops the check at once (a method that raised, with nothing further to check)."""
+        return EnvCheckError(self.name, [text])
+
+
+def _check_declarative(c: _Checker):
+    """system_prompt, message_spec, reply_grammar, rubric, eval_settings, metric_kinds -> (spec, rubric,
+    settings, kinds)."""
+    env, params = c.env, c.params
     try:
         prompt = env.system_prompt(params)
         if not isinstance(prompt, str):
-            fail(f"system_prompt returned {type(prompt).__name__}, not a str")
+            c.fail(f"system_prompt returned {type(prompt).__name__}, not a str")
         spec = env.message_spec(params)
         if not isinstance(spec, MessageSpec):
-            fail(f"message_spec returned {type(spec).__name__}, not an envs.MessageSpec")
+            c.fail(f"message_spec returned {type(spec).__name__}, not an envs.MessageSpec")
         grammar = env.reply_grammar(params)
         if not isinstance(grammar, ReplyGrammar):
-            fail(f"reply_grammar returned {type(grammar).__name__}, not an envs.ReplyGrammar")
+            c.fail(f"reply_grammar returned {type(grammar).__name__}, not an envs.ReplyGrammar")
         rubric = tuple(env.rubric(params))
         if not rubric or not all(isinstance(p, RubricPart) for p in rubric):
-            fail(f"rubric returned {rubric!r}; expected a non-empty tuple of envs.RubricPart")
+            c.fail(f"rubric returned {rubric!r}; expected a non-empty tuple of envs.RubricPart")
         settings = tuple(env.eval_settings())
         if not settings or not all(isinstance(s, EvalSetting) for s in settings):
-            fail(f"eval_settings returned {settings!r}; expected a non-empty tuple of envs.EvalSetting")
+            c.fail(f"eval_settings returned {settings!r}; expected a non-empty tuple of envs.EvalSetting")
     except Exception as e:  # noqa: BLE001 - the checker reports any error of the env's code
-        fail(f"a declarative method raised {type(e).__name__}: {e}")
+        c.fail(f"a declarative method raised {type(e).__name__}: {e}")
     kinds = dict(type(env).metric_kinds)
     bad_kinds = {k: v for k, v in kinds.items() if v not in METRIC_KINDS}
     if bad_kinds:
-        fail(f"metric_kinds {bad_kinds}: each kind must be one of {METRIC_KINDS}")
-    done_with("system_prompt, message_spec, reply_grammar, rubric, eval_settings and metric_kinds are well formed")
-    stage = settings[0].stage if stage is None else stage
-    slots = [len(s.pieces) for s in spec.slots]
+        c.fail(f"metric_kinds {bad_kinds}: each kind must be one of {METRIC_KINDS}")
+    c.done_with("system_prompt, message_spec, reply_grammar, rubric, eval_settings and metric_kinds are well formed")
+    return spec, rubric, settings, kinds
 
-    # ---- examples, reset ----
-    batch = num_prompts * group_size
-    k_examples, k_play = jax.random.split(key)
+
+def _check_examples(c: _Checker, key: jax.Array, stage: Any):
+    """sample_examples' leading axis is num_prompts * group_size -> the examples."""
     try:
-        examples = env.sample_examples(k_examples, num_prompts, group_size, stage)
+        examples = c.env.sample_examples(key, c.num_prompts, c.group_size, stage)
     except Exception as e:  # noqa: BLE001
-        raise EnvCheckError(name, [f"sample_examples raised {type(e).__name__}: {e}"]) from e
+        raise c.error(f"sample_examples raised {type(e).__name__}: {e}") from e
     lead = {np.shape(x)[0] if np.ndim(x) else None for x in jax.tree_util.tree_leaves(examples)}
-    if lead != {batch}:
-        fail(f"sample_examples(key, {num_prompts}, {group_size}, stage) returned {_describe(examples)}; every leaf "
-             f"needs the leading axis num_prompts * group_size = {batch}")
-    done_with("sample_examples gives num_prompts * group_size examples")
-    reset = jax.jit(jax.vmap(lambda e: env.reset(e, params)))
-    step = jax.jit(jax.vmap(lambda s, r: env.step(s, r, params)))
-    done_fn = jax.jit(jax.vmap(env.done))
-    codes_fn = jax.jit(jax.vmap(lambda s: env.message_codes(s, params)))
+    if lead != {c.batch}:
+        c.fail(f"sample_examples(key, {c.num_prompts}, {c.group_size}, stage) returned {_describe(examples)}; "
+               f"every leaf needs the leading axis num_prompts * group_size = {c.batch}")
+    c.done_with("sample_examples gives num_prompts * group_size examples")
+    return examples
+
+
+def _check_reset(c: _Checker, reset, examples):
+    """reset is jittable and vmappable, and gives one example's state the same shapes -> the batch's state."""
     try:
         state = reset(examples)
     except Exception as e:  # noqa: BLE001
-        raise EnvCheckError(name, [f"reset is not jittable and vmappable: jit(vmap(reset)) raised "
-                                   f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"]) from e
+        raise c.error(f"reset is not jittable and vmappable: jit(vmap(reset)) raised "
+                      f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
     try:
-        one = env.reset(jax.tree_util.tree_map(lambda x: x[0], examples), params)
+        one = c.env.reset(jax.tree_util.tree_map(lambda x: x[0], examples), c.params)
         if _signature(jax.tree_util.tree_map(lambda x: x[0], state))[1] != _signature(one)[1]:
-            fail(f"reset returned {_describe(one)} for one example but {_describe(state)} under vmap")
+            c.fail(f"reset returned {_describe(one)} for one example but {_describe(state)} under vmap")
     except Exception as e:  # noqa: BLE001
-        fail(f"reset of one example raised {type(e).__name__}: {e}")
-    done_with("reset is jittable and vmappable")
-    signature = _signature(state)
+        c.fail(f"reset of one example raised {type(e).__name__}: {e}")
+    c.done_with("reset is jittable and vmappable")
+    return state
 
-    def check_state(state, after: str) -> None:
-        d = done_fn(state)
-        if np.shape(d) != (batch,) or np.asarray(d).dtype != np.bool_:
-            fail(f"done{after} returned {np.asarray(d).dtype}{list(np.shape(d))}; expected one bool per game")
-        codes = np.asarray(codes_fn(state))
-        if codes.shape != (batch, len(slots)) or not np.issubdtype(codes.dtype, np.integer):
-            fail(f"message_codes{after} returned {codes.dtype}{list(codes.shape[1:])} per game; expected "
-                 f"int32[{len(slots)}], one code per slot ({', '.join(s.name for s in spec.slots)})")
+
+def _check_state(c: _Checker, spec: MessageSpec, done_fn, codes_fn, state, after: str) -> None:
+    """done is one bool per game; message_codes one in-range code per slot (failures recorded, not raised)."""
+    slots = [len(s.pieces) for s in spec.slots]
+    d = done_fn(state)
+    if np.shape(d) != (c.batch,) or np.asarray(d).dtype != np.bool_:
+        c.fail(f"done{after} returned {np.asarray(d).dtype}{list(np.shape(d))}; expected one bool per game")
+    codes = np.asarray(codes_fn(state))
+    if codes.shape != (c.batch, len(slots)) or not np.issubdtype(codes.dtype, np.integer):
+        c.fail(f"message_codes{after} returned {codes.dtype}{list(codes.shape[1:])} per game; expected "
+               f"int32[{len(slots)}], one code per slot ({', '.join(s.name for s in spec.slots)})")
+        return
+    for i, (slot, n) in enumerate(zip(spec.slots, slots)):
+        out = codes[:, i][(codes[:, i] < 0) | (codes[:, i] >= n)]
+        if out.size:
+            c.fail(f"message_codes{after} returned code {int(out[0])} for slot {slot.name!r}, which has "
+                   f"{n} pieces (codes 0..{n - 1})")
+
+
+def _finished_unchanged(c: _Checker, state, new, before_done) -> None:
+    """A game done before the step comes back unchanged (the first changed leaf recorded)."""
+    for leaf_old, leaf_new, path in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(new),
+                                        [jax.tree_util.keystr(p) for p, _ in
+                                         jax.tree_util.tree_flatten_with_path(state)[0]]):
+        old, upd = np.asarray(leaf_old)[before_done], np.asarray(leaf_new)[before_done]
+        if not np.array_equal(old, upd, equal_nan=True):
+            c.fail(f"step changed a finished game: state{path} went from {old.reshape(len(old), -1)[0].tolist()} "
+                   f"to {upd.reshape(len(upd), -1)[0].tolist()}; a done state must come back unchanged")
             return
-        for i, (slot, n) in enumerate(zip(spec.slots, slots)):
-            out = codes[:, i][(codes[:, i] < 0) | (codes[:, i] >= n)]
-            if out.size:
-                fail(f"message_codes{after} returned code {int(out[0])} for slot {slot.name!r}, which has "
-                     f"{n} pieces (codes 0..{n - 1})")
 
-    check_state(state, " after reset")
-    done_with("message_codes gives one in-range code per slot")
 
-    # ---- play: random replies, some without a tag ----
+def _check_play(c: _Checker, spec: MessageSpec, done_fn, codes_fn, state, key: jax.Array, max_turns: int):
+    """Random replies (some without a tag) for up to max_turns: step is jittable and vmappable, keeps the
+    state's signature, leaves finished games unchanged, and each state passes `_check_state` -> (state,
+    turns int32[batch])."""
+    env, params, batch = c.env, c.params, c.batch
+    step = jax.jit(jax.vmap(lambda s, r: env.step(s, r, params)))
     random_reply = jax.jit(jax.vmap(lambda k, s: env.random_reply(k, s, params)))
+    signature = _signature(state)
     turns = np.zeros(batch, np.int32)
     for t in range(max_turns):
         before_done = np.asarray(done_fn(state))
         if before_done.all():
             break
-        k_turn = jax.random.fold_in(k_play, t)
+        k_turn = jax.random.fold_in(key, t)
         reply = random_reply(jax.random.split(k_turn, batch), state)
         no_tag = jax.random.bernoulli(jax.random.fold_in(k_turn, 1), 0.2, (batch,))
         reply = ParsedReply(reply.found & ~no_tag, reply.valid & ~no_tag, jnp.where(no_tag, 0, reply.value),
@@ -164,30 +193,51 @@ def check_env(env: Env, stage: Any = None, key: jax.Array | None = None, num_pro
         try:
             new = step(state, reply)
         except Exception as e:  # noqa: BLE001
-            fail(f"step is not jittable and vmappable: jit(vmap(step)) raised {type(e).__name__}: "
-                 f"{str(e).splitlines()[0] if str(e) else ''}")
+            c.fail(f"step is not jittable and vmappable: jit(vmap(step)) raised {type(e).__name__}: "
+                   f"{str(e).splitlines()[0] if str(e) else ''}")
             break
         if _signature(new) != signature:
-            fail(f"step returned {_describe(new)} for a state {_describe(state)}: it must keep the state's "
-                 "structure, shapes and dtypes")
+            c.fail(f"step returned {_describe(new)} for a state {_describe(state)}: it must keep the state's "
+                   "structure, shapes and dtypes")
             break
-        for leaf_old, leaf_new, path in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(new),
-                                            [jax.tree_util.keystr(p) for p, _ in
-                                             jax.tree_util.tree_flatten_with_path(state)[0]]):
-            old, upd = np.asarray(leaf_old)[before_done], np.asarray(leaf_new)[before_done]
-            if not np.array_equal(old, upd, equal_nan=True):
-                fail(f"step changed a finished game: state{path} went from {old.reshape(len(old), -1)[0].tolist()} "
-                     f"to {upd.reshape(len(upd), -1)[0].tolist()}; a done state must come back unchanged")
-                break
+        _finished_unchanged(c, state, new, before_done)
         turns += ~before_done
         state = new
-        check_state(state, f" after step {t + 1}")
-        if failures:
+        _check_state(c, spec, done_fn, codes_fn, state, f" after step {t + 1}")
+        if c.failures:
             break
-    done_with(f"step is jittable and vmappable, keeps shapes and dtypes, and leaves finished games unchanged "
-              f"({int(np.asarray(done_fn(state)).sum())} of {batch} games finished in {max_turns} replies)")
+    c.done_with(f"step is jittable and vmappable, keeps shapes and dtypes, and leaves finished games unchanged "
+                f"({int(np.asarray(done_fn(state)).sum())} of {batch} games finished in {max_turns} replies)")
+    return state, turns
 
-    # ---- rubric, reward parts, metrics ----
+
+def _check_metric_values(c: _Checker, metrics: dict, kinds: dict) -> None:
+    """Rates in [0, 1] (NaN allowed) unless declared otherwise; no reserved name; metric_kinds,
+    results_columns and outcome_metrics name metrics the env returns."""
+    clash = sorted(set(metrics) & set(RESERVED_METRICS))
+    if clash:
+        c.fail(f"metrics returned {clash}: these names are reserved ({', '.join(RESERVED_METRICS)}); rename them")
+    for key_, value in metrics.items():
+        if kinds.get(key_, "rate") != "rate":
+            continue
+        v = np.asarray(value, np.float64)
+        v = v[~np.isnan(v)]
+        if v.size and (v.min() < 0 or v.max() > 1):
+            c.fail(f"metrics returned {key_!r} = {v.min():g}..{v.max():g}, outside [0, 1]: a metric is a 0/1 rate "
+                   f"unless declared otherwise, e.g. metric_kinds = {{{key_!r}: 'mean'}}")
+    unknown = [k for k in kinds if k not in metrics]
+    if unknown:
+        c.fail(f"metric_kinds names {unknown}, which metrics does not return ({sorted(metrics)})")
+    for what, names in (("results_columns", [k for _, k in type(c.env).results_columns]),
+                        ("outcome_metrics", list(type(c.env).outcome_metrics))):
+        absent = [k for k in names if k not in metrics and k not in RESERVED_METRICS]
+        if absent:
+            c.fail(f"{what} names {absent}, which metrics does not return ({sorted(metrics)})")
+
+
+def _check_rubric(c: _Checker, rubric, kinds: dict, done_fn, state, turns) -> None:
+    """Every rubric part is in reward_parts; parts and metrics are one float per game; `_check_metric_values`."""
+    env, params, batch = c.env, c.params, c.batch
     d = jnp.asarray(done_fn(state))
     episode = Episode(format_score=jnp.ones(batch, jnp.float32), turns=jnp.asarray(turns), truncated=~d,
                       context_cut=jnp.zeros(batch, bool))
@@ -195,33 +245,38 @@ def check_env(env: Env, stage: Any = None, key: jax.Array | None = None, num_pro
         parts = jax.jit(jax.vmap(lambda s, e: env.reward_parts(s, e, params)))(state, episode)
         metrics = jax.jit(jax.vmap(lambda s, e: env.metrics(s, e, params)))(state, episode)
     except Exception as e:  # noqa: BLE001
-        raise EnvCheckError(name, [f"reward_parts or metrics raised {type(e).__name__}: {e}"]) from e
+        raise c.error(f"reward_parts or metrics raised {type(e).__name__}: {e}") from e
     missing = [p.name for p in rubric if p.name not in parts]
     if missing:
-        fail(f"reward_parts returned parts {sorted(parts)} but the rubric names {missing} too")
+        c.fail(f"reward_parts returned parts {sorted(parts)} but the rubric names {missing} too")
     for what, table in (("reward_parts", parts), ("metrics", metrics)):
         for key_, value in table.items():
             if np.shape(value) != (batch,) or not np.issubdtype(np.asarray(value).dtype, np.floating):
-                fail(f"{what} returned {key_!r} as {np.asarray(value).dtype}{list(np.shape(value)[1:])} per game; "
-                     "expected one float32 per game")
-    clash = sorted(set(metrics) & set(RESERVED_METRICS))
-    if clash:
-        fail(f"metrics returned {clash}: these names are reserved ({', '.join(RESERVED_METRICS)}); rename them")
-    for key_, value in metrics.items():
-        if kinds.get(key_, "rate") != "rate":
-            continue
-        v = np.asarray(value, np.float64)
-        v = v[~np.isnan(v)]
-        if v.size and (v.min() < 0 or v.max() > 1):
-            fail(f"metrics returned {key_!r} = {v.min():g}..{v.max():g}, outside [0, 1]: a metric is a 0/1 rate "
-                 f"unless declared otherwise, e.g. metric_kinds = {{{key_!r}: 'mean'}}")
-    unknown = [k for k in kinds if k not in metrics]
-    if unknown:
-        fail(f"metric_kinds names {unknown}, which metrics does not return ({sorted(metrics)})")
-    for what, names in (("results_columns", [k for _, k in type(env).results_columns]),
-                        ("outcome_metrics", list(type(env).outcome_metrics))):
-        absent = [k for k in names if k not in metrics and k not in RESERVED_METRICS]
-        if absent:
-            fail(f"{what} names {absent}, which metrics does not return ({sorted(metrics)})")
-    done_with("the rubric's parts are in reward_parts; metrics are rates in [0, 1] or declared means")
-    return passed
+                c.fail(f"{what} returned {key_!r} as {np.asarray(value).dtype}{list(np.shape(value)[1:])} per game; "
+                       "expected one float32 per game")
+    _check_metric_values(c, metrics, kinds)
+    c.done_with("the rubric's parts are in reward_parts; metrics are rates in [0, 1] or declared means")
+
+
+def check_env(env: Env, stage: Any = None, key: jax.Array | None = None, num_prompts: int = 4, group_size: int = 2,
+              max_turns: int = 16) -> list[str]:
+    """Checks `env` against the protocol (see the module docstring) on num_prompts x group_size games of at
+    most `max_turns` replies from `stage` (default: the first evaluation setting's). Returns the names of the
+    checks passed; raises EnvCheckError listing every failure (each group of checks stops the run when it
+    leaves failures)."""
+    c = _Checker(env, num_prompts, group_size)
+    params = c.params
+    key = jax.random.PRNGKey(0) if key is None else key
+    spec, rubric, settings, kinds = _check_declarative(c)
+    stage = settings[0].stage if stage is None else stage
+    k_examples, k_play = jax.random.split(key)
+    examples = _check_examples(c, k_examples, stage)
+    reset = jax.jit(jax.vmap(lambda e: env.reset(e, params)))
+    done_fn = jax.jit(jax.vmap(env.done))
+    codes_fn = jax.jit(jax.vmap(lambda s: env.message_codes(s, params)))
+    state = _check_reset(c, reset, examples)
+    _check_state(c, spec, done_fn, codes_fn, state, " after reset")
+    c.done_with("message_codes gives one in-range code per slot")
+    state, turns = _check_play(c, spec, done_fn, codes_fn, state, k_play, max_turns)
+    _check_rubric(c, rubric, kinds, done_fn, state, turns)
+    return c.passed

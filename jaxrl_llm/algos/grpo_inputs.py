@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import jax.numpy as jnp
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # lazy: import cycle with algos.grpo (type hints only)
     from jaxrl_llm.algos.grpo import GrpoConfig
 
 

@@ -30,6 +30,7 @@ batches, `train_sft`, is `jaxrl_llm.train.sft_loop.train_sft` (still importable 
 from __future__ import annotations
 
 import dataclasses
+import re
 import warnings
 from typing import Annotated, Any, Callable, Iterable
 
@@ -143,8 +144,6 @@ def content_span(grammar: Any, text: str, start: int, end: int) -> tuple[int, in
     """(start, end) character span of the reply grammar's content in text[start:end] (one assistant reply):
     the group of the first `<tag>\\s*(.*?)\\s*</tag>` (DOTALL, Python `re`, as `ReplyGrammar` reads a reply),
     or None when the reply has no such pair or its content is empty."""
-    import re
-
     tag = re.escape(grammar.tag)
     found = re.compile(rf"<{tag}>\s*(.*?)\s*</{tag}>", re.DOTALL).search(text, start, end)
     if found is None or found.end(1) <= found.start(1):
@@ -475,7 +474,7 @@ def __getattr__(name: str):
     """`train_sft`, the SFT training loop, lives in `jaxrl_llm.train.sft_loop`; this old path still names it
     (imported on use: `train` imports this module through the config, so a top-level import would be a cycle)."""
     if name == "train_sft":
-        from jaxrl_llm.train.sft_loop import train_sft
+        from jaxrl_llm.train.sft_loop import train_sft  # lazy: import cycle with train.sft_loop
 
         return train_sft
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from jaxrl_llm.generate.sampler import restrict_logits
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # lazy: import cycle with algos.grpo (type hints only)
     from jaxrl_llm.algos.grpo import GrpoConfig
 
 

@@ -12,9 +12,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+from jaxrl_llm.checks import ConfigError
+from jaxrl_llm.log_sinks import close_sinks, open_sinks
+from jaxrl_llm.metrics import MetricsWriter, format_metric, format_results_table, metric_kind, plot_metrics
+from jaxrl_llm.run_lock import RunLockedError
+from jaxrl_llm.schema import parse_override
+
+# The modules above import no jax. jax, and every module that imports it (envs, config, train, checkpoint,
+# models), is imported inside the command that needs it, so that `jaxrl-llm --help` answers at once.
 
 
 def _positive_int(text: str) -> int:
@@ -34,11 +46,9 @@ def _probability(text: str) -> float:
 def cmd_demo(args: argparse.Namespace) -> int:
     """A random player against each of the env's evaluation opponents (`envs.random_play`): its metrics
     and games/s, with no model."""
-    import jax
+    import jax  # lazy: jax (fast --help)
 
-    import envs
-    from envs.random_play import play_random, random_games
-    from jaxrl_llm.metrics import format_metric, metric_kind
+    from envs.random_play import play_random, random_games  # lazy: jax (fast --help)
 
     env = _env_from_args(args)
     if env is None:
@@ -62,31 +72,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace):
-    from jaxrl_llm.config import load_config
+    from jaxrl_llm.config import load_config  # lazy: jax (fast --help)
 
     return load_config(args.config, args.set or ())
 
 
 def cmd_sft(args) -> int:
-    from jaxrl_llm.train import run_sft
+    from jaxrl_llm.train import run_sft  # lazy: jax (fast --help)
 
     run_sft(_load(args))
     return 0
 
 
 def cmd_train(args) -> int:
-    from jaxrl_llm.train import train_grpo
+    from jaxrl_llm.config import load_config  # lazy: jax (fast --help)
+    from jaxrl_llm.train import fresh_start_warning, train_grpo  # lazy: jax (fast --help)
 
     if args.plan:  # planning needs no checkpoint on disk: init_from may be a folder not downloaded yet
-        from jaxrl_llm.config import load_config
-
         return print_plan(load_config(args.config, args.set or (), check_paths=False))
     if args.distributed:
-        import jax
+        import jax  # lazy: jax (fast --help)
 
         jax.distributed.initialize()  # multi-host: coordinator and process ids from the cluster's environment
-    from jaxrl_llm.train import fresh_start_warning
-
     config = _load(args)
     warning = fresh_start_warning(config)
     if warning:
@@ -98,19 +105,20 @@ def cmd_train(args) -> int:
 
 def print_plan(config) -> int:
     """`train --plan`: `memory_plan.plan` as a table, then the compiled peak of a scaled-down update."""
-    from jaxrl_llm.memory_plan import GIB, compiled_peak, format_plan, plan
+    import jax  # lazy: jax (fast --help)
+
+    from jaxrl_llm.memory_plan import GIB, compiled_peak, format_plan, plan  # lazy: jax (fast --help)
 
     print(format_plan(plan(config)))
     peak = compiled_peak(config)
-    print(f"compiled GRPO update on {__import__('jax').default_backend()} ({peak['shape']}): peak "
+    print(f"compiled GRPO update on {jax.default_backend()} ({peak['shape']}): peak "
           f"{peak['peak_bytes'] / GIB:.3f} GiB (arguments {peak['argument_bytes'] / GIB:.3f}, temporaries "
           f"{peak['temp_bytes'] / GIB:.3f})")
     return 0
 
 
 def cmd_eval(args) -> int:
-    from jaxrl_llm.metrics import format_results_table
-    from jaxrl_llm.train import build, evaluate, exactness_check, policy_source
+    from jaxrl_llm.train import build, evaluate, exactness_check, policy_source  # lazy: jax (fast --help)
 
     config = _load(args)
     comp = build(config)
@@ -137,9 +145,6 @@ def log_eval(config, results: dict, step: int | None, source: str | None) -> Pat
     """Appends one row of `jaxrl-llm eval`'s results to <run.output_dir>/eval_metrics.jsonl (keys as the
     training's evaluations write them, `<setting>_<metric>`, with "command": "eval" and the checkpoint) and to
     the run.log sinks (TensorBoard, W&B; group "eval") at the checkpoint's step (0 when it has none)."""
-    from jaxrl_llm.log_sinks import close_sinks, open_sinks
-    from jaxrl_llm.metrics import MetricsWriter
-
     out = Path(config.run.output_dir)
     sinks = open_sinks(config.run.log, out)
     try:  # resume_step "infinity": every line already there is kept, the new one appended
@@ -154,14 +159,14 @@ def log_eval(config, results: dict, step: int | None, source: str | None) -> Pat
 def cmd_experiment(args) -> int:
     """SFT -> GRPO stages -> evaluation of the base, SFT and RL models; results table, curves, samples
     (`train.experiment.run_experiment`, one lock on the output folder for the whole arc)."""
-    from jaxrl_llm.train.experiment import run_experiment  # lazy, as every command's: a fast `--help`
+    from jaxrl_llm.train.experiment import run_experiment  # lazy: jax (fast --help)
 
     run_experiment(_load(args))
     return 0
 
 
 def cmd_play(args) -> int:
-    from jaxrl_llm.cli.play import play_terminal
+    from jaxrl_llm.cli.play import play_terminal  # lazy: jax (fast --help)
 
     config = _load(args)
     return play_terminal(config, checkpoint=args.checkpoint)
@@ -170,7 +175,7 @@ def cmd_play(args) -> int:
 def check_export_folder(config, out: str, checkpoint: str | None, force: bool) -> Path:
     """Where `export --out` may write: never into the run's output folder or its checkpoint folders (nor the
     folder exported from), and into a non-empty folder only with --force. Returns the absolute folder."""
-    from jaxrl_llm.train import sft_dir
+    from jaxrl_llm.train import sft_dir  # lazy: jax (fast --help)
 
     folder = Path(out).expanduser().absolute()
     real = folder.resolve()
@@ -204,13 +209,9 @@ def export_policy(comp, params, config, folder: Path) -> list[str]:
     """Writes the HF checkpoint, the tokenizer and the env record into a staging folder beside `folder`, then
     moves each file into `folder` (created if needed): files of other names there are left as they are.
     Returns the names written."""
-    import os
-    import shutil
-    import tempfile
-
-    from models.hf import save_hf
-    from jaxrl_llm.train import ENV_FILE, env_record
-    from jaxrl_llm.train.components import merged_params
+    from jaxrl_llm.train import ENV_FILE, env_record  # lazy: jax (fast --help)
+    from jaxrl_llm.train.components import merged_params  # lazy: jax (fast --help)
+    from models.hf import save_hf  # lazy: jax (fast --help)
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{folder.name}.export-", dir=folder.parent))
@@ -228,7 +229,7 @@ def export_policy(comp, params, config, folder: Path) -> list[str]:
 
 
 def cmd_export(args) -> int:
-    from jaxrl_llm.train import build, policy_params
+    from jaxrl_llm.train import build, policy_params  # lazy: jax (fast --help)
 
     config = _load(args)
     folder = check_export_folder(config, args.out, args.checkpoint, args.force)  # before any work
@@ -242,7 +243,7 @@ def cmd_export(args) -> int:
 def cmd_envs(args) -> int:
     """The registered environments (built-ins and installed packages' entry points) with their evaluation
     settings and results columns; an entry point that fails to import is listed with its error."""
-    import envs
+    import envs  # lazy: jax (fast --help)
 
     installed = envs.entry_point_envs()
     for name in envs.registered():
@@ -265,9 +266,7 @@ def cmd_envs(args) -> int:
 def _env_from_args(args):
     """The env named by `args.env` with the `--set key=value` params of `args.set`, or None after printing the
     error (an unknown name, a bad param) to stderr."""
-    import envs
-    from jaxrl_llm.checks import ConfigError
-    from jaxrl_llm.schema import parse_override
+    import envs  # lazy: jax (fast --help)
 
     try:
         params = {".".join(key): value for key, value in map(parse_override, args.set or ())}
@@ -280,7 +279,7 @@ def _env_from_args(args):
 def cmd_check_env(args) -> int:
     """`envs.check_env` on an env (a registered name, an entry point or a class path): each check passed, or
     every failure (exit 1)."""
-    import envs
+    import envs  # lazy: jax (fast --help)
 
     env = _env_from_args(args)
     if env is None:
@@ -297,8 +296,6 @@ def cmd_check_env(args) -> int:
 
 
 def cmd_plot(args) -> int:
-    from jaxrl_llm.metrics import plot_metrics
-
     path = plot_metrics(args.metrics, args.out)
     print(f"wrote {path}")
     return 0
@@ -358,12 +355,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `jaxrl-llm` script; the errors a user can fix (config, missing or damaged files,
     checkpoints that do not fit, a locked or existing run, a full disk) print one clear line and exit 2."""
-    from jaxrl_llm.checkpoint import CheckpointDamagedError, CheckpointMismatchError
-    from jaxrl_llm.checks import ConfigError
-    from jaxrl_llm.run_lock import RunLockedError
-    from models.hf import HfCheckpointError
-
     args = build_parser().parse_args(argv)
+    from jaxrl_llm.checkpoint import CheckpointDamagedError, CheckpointMismatchError  # lazy: jax (fast --help)
+    from models.hf import HfCheckpointError  # lazy: jax (fast --help)
+
     try:
         return args.func(args)
     except (ConfigError, OSError, CheckpointMismatchError, CheckpointDamagedError, RunLockedError,

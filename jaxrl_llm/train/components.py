@@ -11,6 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_llm import text
 from jaxrl_llm.checkpoint import CheckpointMismatchError
@@ -20,7 +21,8 @@ from jaxrl_llm.config import ExperimentConfig
 from jaxrl_llm.generate import sampler as sampling
 from jaxrl_llm.train.keys import stream
 from models import lora as lora_lib
-from models.lfm2 import Lfm2ForCausalLM, init_cache
+from models.hf import load_hf
+from models.lfm2 import Lfm2ForCausalLM, init_cache, param_shardings
 
 
 @dataclasses.dataclass
@@ -107,8 +109,6 @@ def check_context_lengths(config: ExperimentConfig, tables: text.TextTables) -> 
 def fresh_params(comp: Components, key: jax.Array):
     """Initial policy params: the HF checkpoint `model.init_from` if set, else a random init."""
     if comp.config.model.init_from is not None:
-        from models.hf import load_hf
-
         return load_hf(comp.config.model.init_from).params
     return comp.module.init(key, jnp.zeros((1, 8), jnp.int32))["params"]
 
@@ -162,8 +162,6 @@ def replicate(params, mesh):
     """params replicated on every device of `mesh` (LoRA adapters); unchanged without a mesh."""
     if mesh is None:
         return params
-    from jax.sharding import NamedSharding, PartitionSpec
-
     return jax.device_put(params, NamedSharding(mesh, PartitionSpec()))
 
 
@@ -178,8 +176,6 @@ def make_mesh(config: ExperimentConfig):
             print(f"warning: {shown} asks for more devices than the 1 present ({devices[0].platform}): running on "
                   "that single device without a mesh (data 1 x fsdp 1)")
         return None
-    from jax.sharding import Mesh
-
     data, fsdp = config.mesh.axis_sizes(len(devices))
     return Mesh(np.asarray(devices).reshape(data, fsdp), ("data", "fsdp"))
 
@@ -189,8 +185,6 @@ def shard_params(comp: Components, params, mesh):
     (optimizer states follow, since optax builds them from the params)."""
     if mesh is None:
         return params
-    from models.lfm2 import param_shardings
-
     return jax.device_put(params, param_shardings(comp.lfm2, mesh))
 
 
@@ -219,8 +213,6 @@ def initial_policy(comp: Components):
 def _hf_params(comp: Components, folder: str, target):
     """The params of a Hugging Face LFM2 folder (`jaxrl-llm export`'s output), checked against the config:
     its env, tokenizer and architecture (`check_checkpoint`), then its tensors (both values named)."""
-    from models.hf import load_hf
-
     check_checkpoint(comp.config, folder)
     loaded = load_hf(folder)
     got = dict((jax.tree_util.keystr(p), (x.shape, str(x.dtype)))

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from jaxrl_llm.algos import sft
 from jaxrl_llm.rollout import Trajectory, game_record, make_rollout
 from jaxrl_llm.train.components import Components
 from jaxrl_llm.train.keys import stream
@@ -90,8 +91,6 @@ def exactness_check(comp: Components, params) -> dict[str, Any] | None:
     """`sft.teacher_forced_check` on the env's check rows for the config's teacher (for a deterministic
     teacher, every game it can meet: exact = 1.0 means greedy play equals the teacher's against any
     opponent), or None when the env has none."""
-    from jaxrl_llm.algos import sft
-
     teacher = comp.config.sft.teacher
     if not comp.env.has_check_rows(teacher):
         return None

@@ -16,6 +16,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrl_llm.algos.advantages import advantage_inputs, advantage_metrics
 from jaxrl_llm.algos.grpo import grpo_update_step
@@ -107,8 +108,6 @@ def make_grpo_step(comp: Components, stage: int, mesh=None):
         k_examples, k_rollout, k_update = jax.random.split(key, 3)
         examples = env.sample_examples(k_examples, s.num_prompts, s.group_size, s.curriculum)
         if mesh is not None:
-            from jax.sharding import NamedSharding, PartitionSpec
-
             rows = NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
             examples = jax.tree_util.tree_map(lambda x: jax.lax.with_sharding_constraint(x, rows), examples)
         playing = params if frozen is None else lora.join(frozen, params)

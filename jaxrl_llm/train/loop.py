@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from jaxrl_llm.checkpoint import Checkpointer
 from jaxrl_llm.config import ExperimentConfig
@@ -94,8 +95,6 @@ def placed_like_outputs(tree, mesh=None):
     a committed one. The step's outputs are committed, so without this the second call of every stage
     compiled the whole step again (with an SFT start or a resumed run, whose params are committed).
     """
-    from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
-
     target = SingleDeviceSharding(jax.devices()[0]) if mesh is None else NamedSharding(mesh, PartitionSpec())
     return jax.tree_util.tree_map(
         lambda x: x if not isinstance(x, jax.Array) or x.committed else jax.device_put(x, target), tree)

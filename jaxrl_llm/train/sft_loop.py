@@ -18,6 +18,7 @@ from jaxrl_llm.algos.sft import (SftConfig, check_group_exact, choice_token_ids,
                                  teacher_forced_check, tokenize_sft)
 from jaxrl_llm.compat import run_checkpointer
 from jaxrl_llm.config import ExperimentConfig
+from jaxrl_llm.data.sft_data import export_jsonl, load_sft_dataset, rows_to_dataset, save_sft_dataset
 from jaxrl_llm.run_lock import RunLock
 from jaxrl_llm.train.components import (Components, base_params, build, fresh_trainable, initial_policy, policy_view,
                                         sft_dir)
@@ -29,8 +30,6 @@ from models import lora
 
 def sft_rows(config: ExperimentConfig, comp: Components, log=print):
     """The SFT conversations: sft.dataset if set, else the env's teacher's rows (saved next to the run)."""
-    from jaxrl_llm.data.sft_data import export_jsonl, load_sft_dataset, rows_to_dataset, save_sft_dataset
-
     c = config.sft
     if c.dataset is not None:
         dataset = load_sft_dataset(c.dataset)

@@ -118,3 +118,15 @@ def score(reply: str, answer: int) -> dict:
     fmt = float(p["format_ok"])
     outcome = "exact" if exact else "wrong" if p["valid"] else "invalid" if p["found"] else "missing"
     return {"exact": exact, "format": fmt, "reward": 1.0 * exact + 0.2 * fmt, "outcome": outcome}
+
+
+def digit_credit(reply: str, answer: int) -> float:
+    """The partial credit of a reply (string arithmetic, independent of the env's digit arrays): the share of
+    digit positions, aligned from the units over the longer number, where the reply's integer and the result
+    agree; 0 for an invalid reply or a wrong sign."""
+    p = parse(reply)
+    if not p["valid"] or (p["value"] < 0) != (answer < 0):
+        return 0.0
+    got, want = str(abs(p["value"]))[::-1], str(abs(answer))[::-1]
+    width = max(len(got), len(want))
+    return sum(i < len(got) and i < len(want) and got[i] == want[i] for i in range(width)) / width

@@ -295,6 +295,53 @@ def test_scripted_rollout_rubric_and_metrics(tok):
     assert jax.tree.all(jax.tree.map(lambda a, b: bool(np.all(np.asarray(a) == np.asarray(b))), state, again))
 
 
+@settings(max_examples=60, deadline=None)
+@given(answer=st.integers(-9999, 19998), value=st.integers(-99999, 99999), shape=st.sampled_from(["plain", "sign", "bad"]))
+def test_digit_credit_matches_string_arithmetic(answer, value, shape):
+    """The optional partial credit (`Params.digits_weight`) against the reference's string computation."""
+    reply = {"plain": f"<answer>{value}</answer>", "sign": f"<answer>{'+' if value >= 0 else ''}{value}</answer>",
+             "bad": f"<answer>{value}x</answer>"}[shape]
+    p = ref.parse(reply)
+    state = ar.State(problem=_problem_with_answer(answer), seed=jnp.uint32(0), done=jnp.bool_(True),
+                     found=jnp.bool_(p["found"]), valid=jnp.bool_(p["valid"]),
+                     value=jnp.int32(p["value"] if p["valid"] else 0))
+    assert float(_digit_credit(state)) == pytest.approx(ref.digit_credit(reply, answer), abs=1e-6)
+
+
+_digit_credit = jax.jit(ar.digit_credit)
+
+
+def _problem_with_answer(answer: int) -> task.Problem:
+    """A problem whose result is `answer` (only the answer matters to the credit)."""
+    return _PROBLEM._replace(answer=jnp.int32(answer))
+
+
+_PROBLEM = jax.jit(task.problem)(jnp.uint32(0), jnp.int32(0))
+
+
+def test_digits_credit_is_a_rubric_part_only_when_weighted(tok):
+    """digits_weight = 0 (the default) leaves the rubric as it was; > 0 adds `digits` to it and to the reward."""
+    env = envs.make("arithmetic", prompt="aligned", digits_weight=0.5)
+    assert [p.name for p in env.rubric(env.params)] == ["exact", "format", "digits"]
+    assert [p.name for p in ENV.rubric(ENV.params)] == ["exact", "format"]
+    tables = text.tables_for_env(tok, env)
+    seeds = np.asarray(jax.random.bits(jax.random.PRNGKey(3), (4,), jnp.uint32))
+    levels = np.array([6, 7, 6, 7], np.int32)
+    answers = [ref.problem(int(s), int(lv))["answer"] for s, lv in zip(seeds, levels)]
+    replies = [f"<answer>{answers[0]}</answer>", f"<answer>{answers[1] + 1}</answer>", "<answer>5</answer>", "none"]
+    reply_tokens, reply_lengths = ro.script_replies(tok, [[r] for r in replies], 1, 32)
+    policy = ro.scripted_policy(reply_tokens, reply_lengths, tables.eos_id)
+    run = jax.jit(lambda ex, k: ro.rollout(env, policy, None, None, None, tables, ex, k,
+                                           ro.RolloutConfig(context_length=128, max_turns=1),
+                                           SamplingConfig(max_new_tokens=32)))
+    traj = jax.device_get(run(ar.Example(jnp.asarray(seeds), jnp.asarray(levels)), jax.random.PRNGKey(0)))
+    for i, reply in enumerate(replies):
+        want = ref.score(reply, answers[i])
+        credit = ref.digit_credit(reply, answers[i])
+        assert traj.reward_parts["digits"][i] == pytest.approx(credit, abs=1e-6)
+        assert traj.reward[i] == pytest.approx(want["reward"] + 0.5 * credit, abs=1e-6), reply
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Validation: stages, teachers, params, the whole config
 # ---------------------------------------------------------------------------------------------------------

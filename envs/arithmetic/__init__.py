@@ -9,5 +9,5 @@ answers for SFT), `env` (the `envs.core.Env` that binds them).
 """
 
 from envs.arithmetic import task, teacher, text  # noqa: F401
-from envs.arithmetic.env import Arithmetic, Example, Params, Stage, State  # noqa: F401
+from envs.arithmetic.env import Arithmetic, Example, Params, Stage, State, digit_credit  # noqa: F401
 from envs.arithmetic.teacher import Teacher  # noqa: F401

@@ -21,7 +21,10 @@ presets, slots); its SFT teacher `envs.arithmetic.teacher` (worked answers). Thi
                 - ASCII digits only: `1,000`, `1e3`, `7.0`, `٣`, `１` are invalid;
                 - a tag with invalid content counts as an answer given ("invalid"), not as a correct one;
               format: the reply holds an `<answer>...</answer>` pair (any content; <think> is optional)
-    rubric    exact (1 if the answer equals the result) x 1 + format (0 or 1) x 0.2: total in [0, 1.2]
+    rubric    exact (1 if the answer equals the result) x 1 + format (0 or 1) x 0.2: total in [0, 1.2];
+              optional partial credit (`Params.digits_weight` > 0, off by default): digits, the share of
+              the result's digit positions the answer gets right (`digit_credit`), so a group of wrong answers
+              still has a spread where some answers get more digits right
     metrics   per game: exact, wrong (an integer, not the result), invalid (a tag without an integer),
               missing (no tag), and per level `exact_<level>` (e.g. exact_add2): the game's exact where
               its level is that one, NaN elsewhere (batch figures and summaries average over the games
@@ -90,11 +93,13 @@ class Params:
     prompt: str = "reference"
     exact_weight: float = 1.0
     format_weight: float = 0.2
+    digits_weight: float = 0.0  # partial credit (`digit_credit`); 0: the rubric has no digits part
 
     def __post_init__(self) -> None:
         check_choice(self, "prompt", tuple(text.PRESETS))
         check_float(self, "exact_weight", low=0.0)
         check_float(self, "format_weight", low=0.0)
+        check_float(self, "digits_weight", low=0.0)
 
     @property
     def preset(self) -> text.PromptPreset:
@@ -126,6 +131,21 @@ def record_reply(state: State, reply: ParsedReply) -> State:
 def exact(state: State) -> jax.Array:
     """bool[]: the reply's integer is the problem's result."""
     return state.done & state.valid & (state.value == state.problem.answer)
+
+
+def digit_credit(state: State) -> jax.Array:
+    """float32[] in [0, 1]: the share of the result's digit positions that the reply's integer gets right.
+
+    Positions are aligned from the units digit over the longer of the two numbers (a missing digit never
+    matches), so extra or missing leading digits cost their positions; a wrong sign, an invalid reply or no
+    reply gives 0, and the exact answer 1. E.g. result 945: 941 -> 2/3, 45 -> 2/3, 1945 -> 3/4, -945 -> 0."""
+    width = task.MAX_ANSWER_DIGITS
+    answer, value = state.problem.answer, state.value
+    want, got = task.digits_of(jnp.abs(answer), width), task.digits_of(jnp.abs(value), width)
+    shown = (want >= 0) | (got >= 0)
+    right = jnp.sum(shown & (want == got)) / jnp.maximum(jnp.sum(shown), 1)
+    same_sign = (answer < 0) == (value < 0)
+    return jnp.where(state.done & state.valid & same_sign, right, 0.0).astype(jnp.float32)
 
 
 class Arithmetic(Env):
@@ -182,10 +202,12 @@ class Arithmetic(Env):
 
     # ---- reward and metrics ----
     def rubric(self, params: Params) -> tuple[RubricPart, ...]:
-        return (RubricPart("exact", params.exact_weight), RubricPart("format", params.format_weight))
+        parts = (RubricPart("exact", params.exact_weight), RubricPart("format", params.format_weight))
+        return parts + ((RubricPart("digits", params.digits_weight),) if params.digits_weight > 0 else ())
 
     def reward_parts(self, state: State, episode: Episode, params: Params) -> dict[str, jax.Array]:
-        return {"exact": exact(state).astype(jnp.float32), "format": jnp.asarray(episode.format_score, jnp.float32)}
+        parts = {"exact": exact(state).astype(jnp.float32), "format": jnp.asarray(episode.format_score, jnp.float32)}
+        return parts | ({"digits": digit_credit(state)} if params.digits_weight > 0 else {})
 
     def metrics(self, state: State, episode: Episode, params: Params) -> dict[str, jax.Array]:
         right = exact(state)

@@ -30,7 +30,9 @@ What an environment provides (shapes are per game; vmap over a leading batch axi
               params) -> {name: f32[]}` (unweighted values; reward = sum of weight * value, a weight-0
               part is a metric only); `metrics(state, episode, params) -> {name: f32[]}` per game (names
               other than the generic "format", "reward", "games", "turns"); `example_metrics(examples)`
-              for batch figures of the examples (e.g. a mean difficulty).
+              for batch figures of the examples (e.g. a mean difficulty). `reward_params`: the Params
+              fields that only weigh the reward (e.g. rubric weights): a model trained with other values
+              of them may go on training or be evaluated here (checkpoint checks ignore them).
               `results_columns`: (header, metric) pairs of the results table; `outcome_metrics`: the
               0/1 metrics that name a game's outcome (for readable game records). `metric_kinds`:
               {name: "mean"} for a metric that is a mean (e.g. guesses per game), not a 0/1 rate: tables,
@@ -341,6 +343,7 @@ class Env:
     results_columns: ClassVar[tuple[tuple[str, str], ...]] = ()
     outcome_metrics: ClassVar[tuple[str, ...]] = ()
     metric_kinds: ClassVar[dict[str, str]] = {}  # metric name -> "rate" (the default: 0/1, shown in %) or "mean"
+    reward_params: ClassVar[tuple[str, ...]] = ()  # Params fields that weigh the reward only (not text or rules)
 
     def __post_init__(self) -> None:
         if self.params is None:

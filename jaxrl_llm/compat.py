@@ -56,6 +56,16 @@ def env_record(config: ExperimentConfig) -> dict[str, Any]:
     return record
 
 
+def _rules_params(params: Mapping[str, Any] | None, config: ExperimentConfig) -> dict[str, Any]:
+    """An env record's params without the env class's `reward_params` (the rubric weights): what a model's
+    training fixes. Those may differ between a checkpoint and the config that goes on from it."""
+    try:
+        ignored = set(getattr(config.env.env_class(), "reward_params", ()))
+    except Exception:  # noqa: BLE001 - an env that cannot be imported here is checked by name elsewhere
+        ignored = set()
+    return {k: v for k, v in (params or {}).items() if k not in ignored}
+
+
 def same_env(saved: dict[str, Any], mine: dict[str, Any]) -> bool:
     """Whether a saved env record names the env of `mine` (this config's record): the same name, or the saved
     name (an entry point or a class path) resolves here to this config's class. A saved name that does not
@@ -164,7 +174,8 @@ def check_meta(meta: Mapping[str, Any], config: ExperimentConfig, where: str) ->
                 f"{where} was trained on env {have_env.get('name')!r} but the config uses env "
                 f"{want_env.get('name')!r}: use the preset it was trained with, or another checkpoint.dir / "
                 "run.output_dir")
-        diffs = _diff(have_env.get("params", {}), want_env.get("params", {}), "env.params")
+        diffs = _diff(_rules_params(have_env.get("params"), config), _rules_params(want_env.get("params"), config),
+                      "env.params")
         if diffs:
             raise CheckpointMismatchError(f"{where} was trained on env {want_env.get('name')!r} with other params: "
                                           + "; ".join(diffs))
@@ -226,10 +237,10 @@ def check_env_record(saved: dict[str, Any] | None, config: ExperimentConfig, whe
             f"{where} was trained on env {saved.get('name')!r} but the config uses env {mine['name']!r}: use the "
             f"preset it was trained with (or --set env.name={saved.get('name')}); to fine-tune it on another env on "
             f"purpose, use a copy of the folder without {ENV_FILE}")
-    if saved.get("params") and saved["params"] != mine["params"]:
-        diff = [f"env.params.{k}: {saved['params'].get(k)!r} there, {mine['params'].get(k)!r} here"
-                for k in sorted(set(saved["params"]) | set(mine["params"]))
-                if saved["params"].get(k) != mine["params"].get(k)]
+    have, want = _rules_params(saved.get("params"), config), _rules_params(mine["params"], config)
+    if saved.get("params") and have != want:
+        diff = [f"env.params.{k}: {have.get(k)!r} there, {want.get(k)!r} here"
+                for k in sorted(set(have) | set(want)) if have.get(k) != want.get(k)]
         raise CheckpointMismatchError(f"{where} was trained on env {mine['name']!r} with other params "
                                       f"({'; '.join(diff)}): use the preset it was trained with")
 

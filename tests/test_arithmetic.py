@@ -429,3 +429,16 @@ def test_tiny_model_rollout_scores_its_own_replies(tok):
         want = ref.score(reply, info["answer"])
         assert traj.reward[b] == pytest.approx(want["reward"], abs=1e-6)
         assert traj.metrics[want["outcome"]][b] == 1.0
+
+
+def test_a_model_may_go_on_with_other_rubric_weights_but_not_another_prompt():
+    """`reward_params` (the rubric weights) are not part of what a checkpoint fixes: an SFT model trained
+    without partial credit may start a GRPO run with it; another prompt preset is refused, naming the key."""
+    from jaxrl_llm.checkpoint import CheckpointMismatchError
+    from jaxrl_llm.compat import check_meta, config_meta
+
+    preset = Path(__file__).resolve().parents[1] / "experiments" / "presets" / "arithmetic_rl.toml"
+    saved = config_meta(load_config(preset, ["env.params.digits_weight=0.0"]))
+    check_meta(saved, load_config(preset, ["env.params.digits_weight=0.5", "env.params.format_weight=0.1"]), "sft")
+    with pytest.raises(CheckpointMismatchError, match="env.params.prompt"):
+        check_meta(saved, load_config(preset, ["env.params.prompt=tiny"]), "sft")

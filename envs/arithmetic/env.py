@@ -159,6 +159,7 @@ class Arithmetic(Env):
     results_columns = (("exact", "exact"), ("wrong", "wrong"), ("invalid", "invalid"), ("missing", "missing"),
                        ("format", "format"))
     outcome_metrics = ("exact", "wrong", "invalid", "missing")
+    reward_params = ("exact_weight", "format_weight", "digits_weight")
 
     # ---- data ----
     def sample_examples(self, key, num_prompts, group_size, stage: Stage) -> Example:

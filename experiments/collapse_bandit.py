@@ -81,10 +81,12 @@ def rates(reply):
 
 def run(module, config, sft, prompts, lr, remedy, steps, seed):
     loss_kw, optim_kw = REMEDIES[remedy]
-    gcfg = GrpoConfig(group_size=GROUP, length_buckets=1, **loss_kw)
+    gcfg = GrpoConfig(length_buckets=1, **loss_kw)
     opt = make_optimizer(OptimConfig(learning_rate=lr, total_steps=steps, schedule="constant", **optim_kw))
-    update = make_grpo_update(module, opt, gcfg, ref_params=sft if gcfg.beta > 0 else None)
-    sampler = jax.jit(make_sampler(lfm2_model_fn(module), SamplingConfig(temperature=1.0, max_new_tokens=REPLY)))
+    sconf = SamplingConfig(temperature=1.0, max_new_tokens=REPLY)
+    update = make_grpo_update(module, opt, gcfg, ref_params=sft if gcfg.beta > 0 else None, group_size=GROUP,
+                              temperature=sconf.temperature)
+    sampler = jax.jit(make_sampler(lfm2_model_fn(module), sconf))
     params = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), sft)
     o = opt.init(params)
     batch = prompts.shape[0]

@@ -167,6 +167,9 @@ class GrpoStage(_Section):
         if self.sampling.max_new_tokens >= self.rollout.context_length:
             raise ConfigError(f"must be below the stage's context length {self.rollout.context_length}",
                               ("sampling", "max_new_tokens"))
+        if not self.sampling.temperature > 0:  # greedy sampling allows 0, but the update divides the logits by it
+            raise ConfigError(f"must be > 0 (got {self.sampling.temperature:g}): the GRPO update divides the "
+                              "policy's logits by it, even when greedy", ("sampling", "temperature"))
         self.grpo_config()  # the effective loss config must be valid too
 
     @property
@@ -175,11 +178,10 @@ class GrpoStage(_Section):
         return self.num_prompts * self.group_size
 
     def grpo_config(self) -> GrpoConfig:
-        """The loss with this stage's group size, its sampling temperature and, when unset,
-        max_completion_tokens = max_turns * max_new_tokens."""
+        """The loss with max_completion_tokens resolved: when unset, max_turns * max_new_tokens. (The update
+        takes the stage's `group_size` and `sampling.temperature` as arguments: `train.grpo_loop.make_grpo_step`.)"""
         max_completion = self.loss.max_completion_tokens or self.rollout.max_turns * self.sampling.max_new_tokens
-        return dataclasses.replace(self.loss, group_size=self.group_size, temperature=self.sampling.temperature,
-                                   max_completion_tokens=max_completion)
+        return dataclasses.replace(self.loss, max_completion_tokens=max_completion)
 
     def optim_config(self) -> OptimConfig:
         """The optimizer with total_steps resolved. Its schedule counts optimizer updates, of which a GRPO

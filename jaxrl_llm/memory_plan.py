@@ -114,8 +114,7 @@ def compiled_peak(config, layers: int = 2, rows: int = 2, length: int = 64) -> d
     types = tuple(cfg.layer_types[:layers])
     cfg = cfg.replace(num_hidden_layers=layers, layer_types=types)
     stage = config.grpo[0]
-    gcfg = dataclasses.replace(stage.grpo_config(), group_size=rows, num_minibatches=1, grad_accum_steps=1,
-                               passes=1, beta=0.0)
+    gcfg = dataclasses.replace(stage.grpo_config(), num_minibatches=1, grad_accum_steps=1, passes=1, beta=0.0)
     optimizer = make_optimizer(stage.optim_config())
     module = Lfm2ForCausalLM(cfg)
     params = param_shapes(cfg)
@@ -130,7 +129,8 @@ def compiled_peak(config, layers: int = 2, rows: int = 2, length: int = 64) -> d
     tok = jax.ShapeDtypeStruct((rows, length), jnp.int32)
     f32 = jax.ShapeDtypeStruct((rows, length), jnp.float32)
     fn = jax.jit(lambda p, o, t, m, lp, r, k, f: grpo_update_step(module, optimizer, gcfg, p, o, None, t, m, lp, r, k,
-                                                                  frozen=f))
+                                                                  frozen=f, group_size=rows,
+                                                                  temperature=stage.sampling.temperature))
     compiled = fn.lower(params, opt_state, tok, f32, f32, jax.ShapeDtypeStruct((rows,), jnp.float32),
                         jax.eval_shape(lambda: jax.random.PRNGKey(0)), frozen).compile()
     stats = compiled.memory_analysis()

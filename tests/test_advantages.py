@@ -103,7 +103,7 @@ _jitted = jax.jit(token_advantages, static_argnums=(0, 6))
 @pytest.mark.parametrize("discount,scale", [(0.95, "group"), (1.0, "none"), (0.0, "group"), (0.5, "none")])
 def test_token_advantages_equal_the_python_reference(mode, discount, scale):
     rng = np.random.default_rng(zlib.crc32(repr((mode, discount, scale)).encode()))
-    config = GrpoConfig(group_size=4, advantage=mode, step_discount=discount, scale_rewards=scale,
+    config = GrpoConfig(advantage=mode, step_discount=discount, scale_rewards=scale,
                         episode_weight=0.7, step_weight=1.5)
     for _ in range(5):
         rewards, turn_rewards, keys, played, token_turn = random_batch(rng)
@@ -131,7 +131,7 @@ def test_a_hand_computed_example():
     g = np.array([0.35, 0.9, 0.5])
     a = (g - g.mean()) / (g.std(ddof=1) + 1e-4)
     token_turn = np.array([[-1, 0, 0, -1, 1], [-1, 0, -1, 1, 1]], np.int32)
-    config = GrpoConfig(group_size=2, advantage="step", step_discount=gamma)
+    config = GrpoConfig(advantage="step", step_discount=gamma)
     got = np.asarray(token_advantages(config, rewards, turn_rewards, keys, played, token_turn, 2))
     np.testing.assert_allclose(got, [[0, a[0], a[0], 0, a[1]], [0, a[2], 0, 0, 0]], rtol=1e-5)
     metrics = jax.device_get(step_metrics(config, rewards, turn_rewards, keys, played, 2))
@@ -144,7 +144,7 @@ def test_step_groups_stay_inside_their_grpo_group():
     rewards = np.array([0.0, 1.0, 0.5, 1.0], np.float32)
     keys = np.full((4, 1), 5, np.uint32)
     played = np.ones((4, 1), bool)
-    config = GrpoConfig(group_size=2, advantage="step")
+    config = GrpoConfig(advantage="step")
     token_turn = np.zeros((4, 3), np.int32)
     got = np.asarray(token_advantages(config, rewards, np.zeros((4, 1), np.float32), keys, played, token_turn, 2))
     want = np.asarray(group_advantages(rewards, 2))  # one turn, one state per group: the episode advantage
@@ -161,7 +161,7 @@ def test_episode_advantage_is_todays_group_advantage_on_every_token():
     rng = np.random.default_rng(0)
     for scale in ("group", "none"):
         rewards, turn_rewards, keys, played, token_turn = random_batch(rng)
-        config = GrpoConfig(group_size=4, scale_rewards=scale)
+        config = GrpoConfig(scale_rewards=scale)
         got = np.asarray(_jitted(config, rewards, turn_rewards, keys, played, token_turn, 4))
         want = np.asarray(group_advantages(rewards, 4, scale))
         np.testing.assert_array_equal(got, np.broadcast_to(want[:, None], got.shape))
@@ -308,7 +308,7 @@ def test_rollout_advantages_equal_the_reference(played_games):
     _, _, traj = played_games
     played = traj.reply_kind >= 0
     for mode in ("step", "mix"):
-        config = GrpoConfig(group_size=GROUP, advantage=mode)
+        config = GrpoConfig(advantage=mode)
         got = np.asarray(token_advantages(config, traj.reward, traj.turn_rewards, traj.turn_keys, played,
                                           traj.token_turn, GROUP))
         want = ref_token_advantages(mode, traj.reward.tolist(), traj.turn_rewards.tolist(), traj.turn_keys.tolist(),
@@ -318,15 +318,15 @@ def test_rollout_advantages_equal_the_reference(played_games):
 
 
 def test_the_grpo_step_gets_advantages_only_when_the_option_is_on(played_games):
-    """`make_grpo_step` passes `advantage_inputs(gcfg, traj)` to the update: nothing with "episode" (today's
-    path, bit for bit), the per-token advantages otherwise; `advantage_metrics` likewise."""
+    """`make_grpo_step` passes `advantage_inputs(gcfg, traj, group_size)` to the update: nothing with "episode"
+    (today's path, bit for bit), the per-token advantages otherwise; `advantage_metrics` likewise."""
     _, _, traj = played_games
-    assert advantage_inputs(GrpoConfig(group_size=GROUP), traj) == {}
-    assert advantage_metrics(GrpoConfig(group_size=GROUP), traj) == {}
-    config = GrpoConfig(group_size=GROUP, advantage="step", step_discount=0.9)
-    got = advantage_inputs(config, traj)["advantages"]
+    assert advantage_inputs(GrpoConfig(), traj, GROUP) == {}
+    assert advantage_metrics(GrpoConfig(), traj, GROUP) == {}
+    config = GrpoConfig(advantage="step", step_discount=0.9)
+    got = advantage_inputs(config, traj, GROUP)["advantages"]
     want = token_advantages(config, traj.reward, traj.turn_rewards, traj.turn_keys, traj.reply_kind >= 0,
                             traj.token_turn, GROUP)
     np.testing.assert_array_equal(got, want)
-    metrics = jax.device_get(advantage_metrics(config, traj))
+    metrics = jax.device_get(advantage_metrics(config, traj, GROUP))
     assert 0 < metrics["step_advantage_nonzero_frac"] <= metrics["step_shared_frac"] <= 1

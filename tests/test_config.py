@@ -115,7 +115,7 @@ def test_sections_are_the_real_dataclasses_not_mirrors():
     assert stage.optim_config() == OptimConfig(learning_rate=3e-5, total_steps=40)
     assert GrpoStage(steps=0).optim_config().total_steps == 1  # the schedule needs >= 1
     assert GrpoStage(optim=OptimConfig(total_steps=7)).optim_config().total_steps == 7
-    # fields set by the code, not the user, are not TOML keys
+    # fields set by the code, not the user, are not TOML keys; the group size is the stage's, not the loss's
     with pytest.raises(ConfigError, match="unknown key 'group_size'"):
         cfg.load_config(TINY, ["grpo.0.loss.group_size=4"])
     with pytest.raises(ConfigError, match="unknown key 'pad_id'"):
@@ -125,7 +125,9 @@ def test_sections_are_the_real_dataclasses_not_mirrors():
 def test_stage_helpers():
     c = cfg.load_config(TINY)
     loss = c.grpo[0].grpo_config()
-    assert loss.group_size == 2 and loss.temperature == 1.0
+    # the update's group size and temperature: the stage's, passed to it by make_grpo_step (not loss fields)
+    assert c.grpo[0].group_size == 2 and c.grpo[0].sampling.temperature == 1.0
+    assert not hasattr(loss, "group_size") and not hasattr(loss, "temperature")
     assert loss.max_completion_tokens == c.grpo[0].rollout.max_turns * c.grpo[0].sampling.max_new_tokens
     s1 = c.grpo[1]
     assert s1.rollout.context_length == 352 and s1.rollout.max_turns == 3
@@ -221,6 +223,16 @@ def test_out_of_range_values_name_the_key(override, key, words):
     assert message.startswith(key + ":") and "tiny_test.toml" in message
     for word in words:
         assert word in message
+
+
+def test_a_greedy_grpo_stage_still_needs_a_temperature_above_0():
+    """Greedy sampling accepts temperature 0, but the GRPO update divides the logits by the stage's sampling
+    temperature: a stage refuses it (as when GrpoConfig held a copy of it)."""
+    with pytest.raises(ConfigError) as info:
+        cfg.load_config(TINY, ["grpo.0.sampling.greedy=true", "grpo.0.sampling.temperature=0"])
+    assert info.value.key == "grpo.0.sampling.temperature" and "> 0" in str(info.value)
+    assert cfg.load_config(TINY, ["grpo.0.sampling.greedy=true"]).grpo[0].sampling.temperature == 1.0
+    assert cfg.load_config(TINY, ["eval.sampling.temperature=0"]).eval.sampling.temperature == 0.0  # eval: no update
 
 
 @pytest.mark.parametrize(

@@ -94,6 +94,7 @@ def test_the_update_recomputes_the_sampler_logprobs_of_constrained_tokens(setup,
     # same params (so it is |restricted log-prob - sampler's| over the decision tokens).
     gcfg = dataclasses.replace(config.grpo[0].grpo_config(), ratio_mask_low=1 - TOL, ratio_mask_high=1 + TOL,
                                skip_zero_advantage=False, **path)
+    step_args = dict(group_size=config.grpo[0].group_size, temperature=temperature)  # the stage's, as make_grpo_step
     opt = optax.sgd(0.0)
     inputs = (traj.tokens, traj.loss_mask, traj.logprobs, traj.reward, jax.random.PRNGKey(3))
     sets = comp.tables.reply_template.sets
@@ -101,8 +102,8 @@ def test_the_update_recomputes_the_sampler_logprobs_of_constrained_tokens(setup,
     out = {}
     for name, extra in (("restricted", restricted), ("whole vocabulary", {})):
         p = _copy(params)
-        out[name] = make_grpo_update(comp.module, opt, gcfg)(p, opt.init(p), *inputs, **decision_inputs(traj, comp.tables),
-                                                             **extra)[2]
+        out[name] = make_grpo_update(comp.module, opt, gcfg, **step_args)(
+            p, opt.init(p), *inputs, **decision_inputs(traj, comp.tables), **extra)[2]
     m = out["restricted"]
     assert float(m["ratio_masked_frac"]) == 0.0
     assert float(m["ratio_mean"]) == pytest.approx(1.0, abs=TOL)
@@ -122,7 +123,7 @@ def test_the_update_recomputes_the_sampler_logprobs_of_constrained_tokens(setup,
     kl = (np.exp(diff) - diff - 1).mean()
     p = _copy(params)
     kcfg = dataclasses.replace(gcfg, beta=0.1)
-    km = make_grpo_update(comp.module, opt, kcfg, ref_params=ref)(p, opt.init(p), *inputs, **restricted)[2]
+    km = make_grpo_update(comp.module, opt, kcfg, ref_params=ref, **step_args)(p, opt.init(p), *inputs, **restricted)[2]
     assert float(km["kl"]) == pytest.approx(kl, rel=1e-3) and kl > 1e-4
 
 
@@ -131,7 +132,8 @@ def test_choice_set_needs_its_sets(setup):
     opt = optax.sgd(0.0)
     p = _copy(params)
     with pytest.raises(ValueError, match="choice_sets"):
-        make_grpo_update(comp.module, opt, config.grpo[0].grpo_config())(
+        make_grpo_update(comp.module, opt, config.grpo[0].grpo_config(), group_size=config.grpo[0].group_size,
+                         temperature=config.grpo[0].sampling.temperature)(
             p, opt.init(p), traj.tokens, traj.loss_mask, traj.logprobs, traj.reward, jax.random.PRNGKey(0),
             choice_set=traj.choice_set)
 

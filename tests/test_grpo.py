@@ -16,6 +16,7 @@ from jaxrl_llm.algos.grpo import (
     GrpoConfig,
     group_advantages,
     grpo_loss,
+    grpo_update_step,
     make_grpo_update,
     policy_logprobs,
     token_entropy,
@@ -54,7 +55,6 @@ def _norm(tree) -> float:
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"group_size": 1}, "group_size"),
         ({"scale_rewards": "batch"}, "scale_rewards"),
         ({"epsilon_low": 1.0}, "epsilon_low"),
         ({"epsilon_high": -0.1}, "epsilon_high"),
@@ -69,7 +69,6 @@ def _norm(tree) -> float:
         ({"num_minibatches": 0}, "num_minibatches"),
         ({"passes": 0}, "passes"),
         ({"grad_accum_steps": 2.0}, "grad_accum_steps"),
-        ({"temperature": 0.0}, "temperature"),
     ],
 )
 def test_config_validation(kwargs, match):
@@ -77,12 +76,39 @@ def test_config_validation(kwargs, match):
         GrpoConfig(**kwargs)
 
 
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"group_size": 1}, "group_size"),
+        ({"temperature": 0.0}, "temperature"),
+        ({"group_size": 4.0}, "group_size"),
+        ({"group_size": True}, "group_size"),
+        ({"temperature": float("nan")}, "temperature"),
+    ],
+)
+def test_step_argument_validation(tiny, kwargs, match):
+    """The group size and temperature are the update's arguments (not GrpoConfig fields), required and checked."""
+    _, module, params = tiny
+    opt = optax.sgd(0.1)
+    args = {"group_size": 2, "temperature": 1.0, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        make_grpo_update(module, opt, GrpoConfig(), **args)
+    z = jnp.zeros((4, 5))
+    with pytest.raises(ValueError, match=match):
+        grpo_update_step(module, opt, GrpoConfig(), params, opt.init(params), None, z.astype(jnp.int32), z, z,
+                         jnp.zeros(4), jax.random.PRNGKey(0), **args)
+    with pytest.raises(TypeError):
+        GrpoConfig(**kwargs)  # no longer fields of the loss table
+    with pytest.raises(TypeError, match="group_size"):
+        make_grpo_update(module, opt, GrpoConfig(), temperature=1.0)  # required
+
+
 def test_update_rejects_bad_batches(tiny):
     _, module, params = tiny
     opt = optax.sgd(0.1)
     with pytest.raises(ValueError, match="ref_params"):
-        make_grpo_update(module, opt, GrpoConfig(group_size=2, beta=0.1))
-    update = make_grpo_update(module, opt, GrpoConfig(group_size=4, num_minibatches=2))
+        make_grpo_update(module, opt, GrpoConfig(beta=0.1), group_size=2, temperature=1.0)
+    update = make_grpo_update(module, opt, GrpoConfig(num_minibatches=2), group_size=4, temperature=1.0)
     z = jnp.zeros((6, 5))
     with pytest.raises(ValueError, match="group_size"):
         update(params, opt.init(params), z.astype(jnp.int32), z, z, jnp.zeros(6), jax.random.PRNGKey(0))
@@ -182,7 +208,7 @@ def _loss_case():
 @pytest.mark.parametrize("beta", [0.0, 0.05])
 def test_loss_matches_hand_loops(mode, beta):
     logp, logq, logref, adv, mask = _loss_case()
-    cfg = GrpoConfig(group_size=2, loss_type=mode, beta=beta, max_completion_tokens=5)
+    cfg = GrpoConfig(loss_type=mode, beta=beta, max_completion_tokens=5)
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
     loss, metrics = grpo_loss(f32(logp), f32(logq), f32(logref) if beta else None, f32(adv), f32(mask), cfg)
     expected = _reference_loss(logp, logq, logref, adv, mask, mode, 0.2, 0.28, beta, max_tokens=5)
@@ -208,7 +234,7 @@ def test_loss_matches_hand_loops(mode, beta):
 def test_ratio_masking_removes_out_of_bounds_tokens(mode):
     logp, logq, logref, adv, mask = _loss_case()
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
-    cfg = GrpoConfig(group_size=2, loss_type=mode, max_completion_tokens=5, ratio_mask_low=0.7, ratio_mask_high=1.4)
+    cfg = GrpoConfig(loss_type=mode, max_completion_tokens=5, ratio_mask_low=0.7, ratio_mask_high=1.4)
     loss, metrics = grpo_loss(f32(logp), f32(logq), None, f32(adv), f32(mask), cfg)
     expected = _reference_loss(logp, logq, logref, adv, mask, mode, 0.2, 0.28, 0.0, max_tokens=5,
                                mask_low=0.7, mask_high=1.4)
@@ -229,7 +255,7 @@ def test_loss_gradient_is_zero_off_the_mask(tiny):
     logp, logq, logref, adv, mask = _loss_case()
     f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
     for mode in grpo.LOSS_TYPES:
-        cfg = GrpoConfig(group_size=2, loss_type=mode, beta=0.1, max_completion_tokens=5)
+        cfg = GrpoConfig(loss_type=mode, beta=0.1, max_completion_tokens=5)
         g = jax.grad(lambda lp: grpo_loss(lp, f32(logq), f32(logref), f32(adv), f32(mask), cfg)[0])(f32(logp))
         g = np.asarray(g)
         assert np.all(g[mask == 0] == 0.0) and np.all(g[mask > 0] != 0.0)
@@ -248,7 +274,7 @@ def test_loss_gradient_is_zero_off_the_mask(tiny):
         trailing[b, np.nonzero(mask[b])[0].max() + 1 :] = True
     assert trailing.sum() > 0
     perturbed = jnp.where(jnp.asarray(trailing), (tokens + 5) % VOCAB, tokens)
-    cfg = GrpoConfig(group_size=2)
+    cfg = GrpoConfig()
     adv, mask = f32(adv), f32(mask)
 
     @jax.jit
@@ -281,7 +307,7 @@ def test_on_policy_gradient_is_the_policy_gradient(tiny):
     tokens = jnp.asarray(rng.integers(0, VOCAB, size=(4, 6)), jnp.int32)
     mask = jnp.asarray(_loss_case()[4], jnp.float32)
     adv = group_advantages(jnp.array([1.0, 0.0, 0.2, 0.9]), 2)
-    cfg = GrpoConfig(group_size=2)
+    cfg = GrpoConfig()
 
     @jax.jit
     def both(p):
@@ -328,7 +354,7 @@ def test_gradient_accumulation_is_exact(tiny):
     tokens, mask, logq, rewards = _synthetic_batch()
     lr = 0.5
     opt = optax.sgd(lr)
-    cfg = GrpoConfig(group_size=4, loss_type="sequence-mean-token-mean", grad_accum_steps=4, shuffle=False,
+    cfg = GrpoConfig(loss_type="sequence-mean-token-mean", grad_accum_steps=4, shuffle=False,
                      ratio_mask_high=5.0, compute_entropy=False)
     adv = group_advantages(rewards, 4)
 
@@ -341,7 +367,7 @@ def test_gradient_accumulation_is_exact(tiny):
 
     loss, grads = whole(params)
     expected = jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads)
-    update = make_grpo_update(module, opt, cfg)
+    update = make_grpo_update(module, opt, cfg, group_size=4, temperature=1.0)
     p = _copy(params)
     p4, _, m4 = update(p, opt.init(p), tokens, mask, logq, rewards, jax.random.PRNGKey(0))
     assert float(m4["loss"]) == pytest.approx(float(loss), rel=1e-5)
@@ -366,11 +392,11 @@ def test_skipping_zero_advantage_rows_gives_the_same_update(tiny):
     for shuffle in (True, False):
         out = {}
         for skip in (True, False):
-            cfg = GrpoConfig(group_size=4, num_minibatches=2, grad_accum_steps=4, skip_zero_advantage=skip,
+            cfg = GrpoConfig(num_minibatches=2, grad_accum_steps=4, skip_zero_advantage=skip,
                              shuffle=shuffle, compute_entropy=False)
             p = _copy(params)
-            out[skip] = make_grpo_update(module, opt, cfg)(p, opt.init(p), tokens, mask, logq, rewards,
-                                                           jax.random.PRNGKey(1))
+            update = make_grpo_update(module, opt, cfg, group_size=4, temperature=1.0)
+            out[skip] = update(p, opt.init(p), tokens, mask, logq, rewards, jax.random.PRNGKey(1))
         for a, b in zip(jax.tree_util.tree_leaves(out[True][0]), jax.tree_util.tree_leaves(out[False][0])):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
         assert float(out[True][2]["loss"]) == pytest.approx(float(out[False][2]["loss"]), rel=1e-5, abs=1e-7)
@@ -378,10 +404,10 @@ def test_skipping_zero_advantage_rows_gives_the_same_update(tiny):
     # which are skipped. Unskipped, their far samplers give huge ratios; skipped, only the advantaged rows count.
     assert float(out[False][2]["ratio_mean"]) > 1e3 > float(out[True][2]["ratio_mean"])
     # With a KL term every row has a gradient: nothing is skipped.
-    cfg = GrpoConfig(group_size=4, num_minibatches=2, grad_accum_steps=4, beta=0.1, compute_entropy=False)
+    cfg = GrpoConfig(num_minibatches=2, grad_accum_steps=4, beta=0.1, compute_entropy=False)
     p = _copy(params)
-    kl = make_grpo_update(module, opt, cfg, ref_params=params)(p, opt.init(p), tokens, mask, logq, rewards,
-                                                                jax.random.PRNGKey(1))
+    kl = make_grpo_update(module, opt, cfg, ref_params=params, group_size=4, temperature=1.0)(
+        p, opt.init(p), tokens, mask, logq, rewards, jax.random.PRNGKey(1))
     assert float(kl[2]["ratio_mean"]) > 1e3
 
 
@@ -399,11 +425,11 @@ def test_tiny_model_learns_to_say_three(tiny):
     prompts = np.repeat(rng.integers(4, VOCAB, size=(groups, prompt_len)), group_size, axis=0)
     prompts = jnp.asarray(prompts, jnp.int32)
     sampler = make_sampler(lfm2_model_fn(module), SamplingConfig(temperature=1.0, max_new_tokens=1))
-    gconf = GrpoConfig(group_size=group_size, num_minibatches=2, grad_accum_steps=2, beta=0.01,
+    gconf = GrpoConfig(num_minibatches=2, grad_accum_steps=2, beta=0.01,
                        ratio_mask_low=0.05, ratio_mask_high=20.0)
     opt = make_optimizer(OptimConfig(learning_rate=3e-3, total_steps=100, schedule="constant"))
     # The reference is the initial policy, given as the very arrays the update then donates.
-    update = make_grpo_update(module, opt, gconf, ref_params=params)
+    update = make_grpo_update(module, opt, gconf, ref_params=params, group_size=group_size, temperature=1.0)
     opt_state = opt.init(params)
     probe = jax.jit(lambda p: jax.nn.softmax(module.apply({"params": p}, prompts)[0][:, -1], -1)[:, 3].mean())
     p_start = float(probe(params))

@@ -97,9 +97,8 @@ def test_real_lengths_and_loss_logits_equal_the_full_path(tiny, beta, per_token)
     opt = optax.sgd(0.5)
     out = {}
     for name, kw in (("old", OLD), ("new", dict(length_buckets=5, logits_at_loss_only=True))):
-        cfg = GrpoConfig(group_size=4, num_minibatches=2, grad_accum_steps=2, beta=beta, max_completion_tokens=12,
-                         **kw)
-        update = make_grpo_update(module, opt, cfg, ref_params=params if beta else None)
+        cfg = GrpoConfig(num_minibatches=2, grad_accum_steps=2, beta=beta, max_completion_tokens=12, **kw)
+        update = make_grpo_update(module, opt, cfg, ref_params=params if beta else None, group_size=4, temperature=1.0)
         p = _copy(params)
         out[name] = update(p, opt.init(p), data["tokens"], data["mask"], data["logq"], data["rewards"],
                            jax.random.PRNGKey(3), **extra)
@@ -126,8 +125,8 @@ def test_no_signal_no_optimizer_step(tiny):
     data = _batch(seed=2)
     opt = make_optimizer(OptimConfig(learning_rate=1e-2, total_steps=10, schedule="constant"))
     for skip in (True, False):
-        cfg = GrpoConfig(group_size=4, num_minibatches=2, skip_zero_advantage=skip)
-        update = make_grpo_update(module, opt, cfg)
+        cfg = GrpoConfig(num_minibatches=2, skip_zero_advantage=skip)
+        update = make_grpo_update(module, opt, cfg, group_size=4, temperature=1.0)
         p = _copy(params)
         p, o, m = update(p, opt.init(p), data["tokens"], data["mask"], data["logq"], data["rewards"],
                          jax.random.PRNGKey(0))
@@ -153,7 +152,8 @@ def test_schedule_counts_optimizer_updates_and_logs_the_rate_applied(tiny):
     _, module, params = tiny
     data = _batch(seed=4)
     opt = make_optimizer(optim)
-    update = make_grpo_update(module, opt, dataclasses.replace(stage.grpo_config(), max_completion_tokens=None))
+    update = make_grpo_update(module, opt, dataclasses.replace(stage.grpo_config(), max_completion_tokens=None),
+                              group_size=stage.group_size, temperature=stage.sampling.temperature)
     p = _copy(params)
     o = opt.init(p)
     for step in range(2):
@@ -182,13 +182,11 @@ def test_decision_metrics_against_an_independent_computation(tiny):
     b_logp, b_ent, b_ill = map(np.asarray, stats(params))
     logq = jnp.where(data["mask"] > 0, jnp.pad(jnp.asarray(b_logp), ((0, 0), (1, 0))), 0.0)
     opt = optax.sgd(1.0)
-    cfg = GrpoConfig(group_size=4, grad_accum_steps=2, temperature=1.3, max_completion_tokens=12,
-                     skip_zero_advantage=False)
+    cfg = GrpoConfig(grad_accum_steps=2, max_completion_tokens=12, skip_zero_advantage=False)
     p = _copy(params)
-    new, _, m = make_grpo_update(module, opt, cfg)(p, opt.init(p), data["tokens"], data["mask"], logq,
-                                                   data["rewards"], jax.random.PRNGKey(0),
-                                                   decision_mask=data["decision"], choice_legal=legal,
-                                                   choice_tokens=choice_tokens)
+    new, _, m = make_grpo_update(module, opt, cfg, group_size=4, temperature=1.3)(
+        p, opt.init(p), data["tokens"], data["mask"], logq, data["rewards"], jax.random.PRNGKey(0),
+        decision_mask=data["decision"], choice_legal=legal, choice_tokens=choice_tokens)
     d = np.asarray(data["decision"][:, 1:])
     a_logp = np.asarray(stats(new)[0])
     n = d.sum()
@@ -207,17 +205,17 @@ def test_loss_on_decision_tokens(tiny):
     opt = optax.sgd(0.5)
     out = []
     for cfg, mask, extra in (
-        (GrpoConfig(group_size=4, loss_on="decision"), data["mask"], {"decision_mask": data["decision"]}),
-        (GrpoConfig(group_size=4), data["mask"] * data["decision"], {}),
+        (GrpoConfig(loss_on="decision"), data["mask"], {"decision_mask": data["decision"]}),
+        (GrpoConfig(), data["mask"] * data["decision"], {}),
     ):
         p = _copy(params)
-        out.append(make_grpo_update(module, opt, cfg)(p, opt.init(p), data["tokens"], mask, data["logq"],
-                                                      data["rewards"], jax.random.PRNGKey(0), **extra))
+        out.append(make_grpo_update(module, opt, cfg, group_size=4, temperature=1.0)(
+            p, opt.init(p), data["tokens"], mask, data["logq"], data["rewards"], jax.random.PRNGKey(0), **extra))
     for a, b in zip(jax.tree_util.tree_leaves(out[0][0]), jax.tree_util.tree_leaves(out[1][0])):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
     assert float(out[0][2]["num_tokens"]) == float(jnp.sum(data["decision"]))
     with pytest.raises(ValueError, match="decision_mask"):
-        make_grpo_update(module, opt, GrpoConfig(group_size=4, loss_on="decision"))(
+        make_grpo_update(module, opt, GrpoConfig(loss_on="decision"), group_size=4, temperature=1.0)(
             params, opt.init(params), data["tokens"], data["mask"], data["logq"], data["rewards"], jax.random.PRNGKey(0))
 
 
@@ -248,11 +246,10 @@ def test_gradient_is_the_independent_reinforce_gradient(tiny, per_token):
         return -jnp.sum(jnp.asarray(mask * adv) * logp) / mask.sum()
 
     expected = jax.jit(jax.grad(reinforce))(params)
-    cfg = GrpoConfig(group_size=4, grad_accum_steps=2, max_completion_tokens=12, length_buckets=2,
-                     compute_entropy=False)
+    cfg = GrpoConfig(grad_accum_steps=2, max_completion_tokens=12, length_buckets=2, compute_entropy=False)
     p = _copy(params)
-    after, _, m = make_grpo_update(module, optax.sgd(1.0), cfg)(p, optax.sgd(1.0).init(p), tokens, data["mask"], logq,
-                                                                 data["rewards"], jax.random.PRNGKey(0), **extra)
+    after, _, m = make_grpo_update(module, optax.sgd(1.0), cfg, group_size=4, temperature=1.0)(
+        p, optax.sgd(1.0).init(p), tokens, data["mask"], logq, data["rewards"], jax.random.PRNGKey(0), **extra)
     got = np.concatenate([np.ravel(np.asarray(a, np.float64) - np.asarray(b, np.float64))
                           for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(after))])
     want = np.concatenate([np.ravel(np.asarray(g, np.float64)) for g in jax.tree_util.tree_leaves(expected)])
@@ -272,10 +269,10 @@ def test_update_step_inside_a_larger_jit_with_lora(tiny):
     adapters = lora.init_adapters(section, params, jax.random.PRNGKey(1))
     data = _batch(seed=11)
     opt = optax.adam(1e-2)
-    cfg = GrpoConfig(group_size=4, grad_accum_steps=2, length_buckets=3, max_completion_tokens=12)
+    cfg = GrpoConfig(grad_accum_steps=2, length_buckets=3, max_completion_tokens=12)
     fn = jax.jit(lambda a, o: grpo_update_step(wrapped, opt, cfg, a, o, None, data["tokens"], data["mask"], data["logq"],
                                                data["rewards"], jax.random.PRNGKey(0), frozen=params,
-                                               decision_mask=data["decision"]))
+                                               group_size=4, temperature=1.0, decision_mask=data["decision"]))
     new, _, m = fn(adapters, opt.init(adapters))
     assert np.isfinite(float(m["decision_policy_change"])) and float(m["decision_policy_change"]) > 0
     assert "learning_rate" not in m  # a plain optax.adam does not inject its rate

@@ -147,11 +147,12 @@ def test_gradients_reach_only_the_adapters(base):
                for p, ab in lora.flat_adapters(two).items())
     assert _tree_equal(base, base_copy)
 
-    gcfg = GrpoConfig(group_size=2, beta=0.1, num_minibatches=1)
+    gcfg = GrpoConfig(beta=0.1, num_minibatches=1)
     grpo_opt = make_optimizer(OptimConfig(learning_rate=1e-3, total_steps=1))
     fresh = lora.init_adapters(config, base, jax.random.PRNGKey(1))
     update = jax.jit(lambda p, o, ref, t, m, lp, r, k, f: grpo_update_step(module, grpo_opt, gcfg, p, o, ref, t, m, lp,
-                                                                           r, k, frozen=f))
+                                                                           r, k, frozen=f, group_size=2,
+                                                                           temperature=1.0))
     rows = jax.random.randint(jax.random.PRNGKey(3), (4, 10), 0, CFG.vocab_size)
     loss_mask = jnp.zeros((4, 10)).at[:, 5:].set(1.0)
     sampler = jnp.full((4, 10), -6.0)

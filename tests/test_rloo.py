@@ -57,10 +57,10 @@ def test_rloo_of_equal_rewards_is_exactly_zero_and_ignores_the_std_settings():
     assert np.all(np.asarray(rloo_advantages(rewards, 4)) == 0.0)
     spread = jnp.array([1.0, 0.0, 0.0, 0.0])
     for scale in ("group", "none"):
-        config = GrpoConfig(group_size=4, estimator="rloo", scale_rewards=scale, std_eps=0.5)
+        config = GrpoConfig(estimator="rloo", scale_rewards=scale, std_eps=0.5)
         np.testing.assert_allclose(np.asarray(episode_advantages(config, spread, 4)), [1.0, -1 / 3, -1 / 3, -1 / 3],
                                    rtol=1e-6)
-    grpo = GrpoConfig(group_size=4)  # the default estimator is GRPO's, unchanged
+    grpo = GrpoConfig()  # the default estimator is GRPO's, unchanged
     np.testing.assert_array_equal(np.asarray(episode_advantages(grpo, spread, 4)),
                                   np.asarray(group_advantages(spread, 4)))
 
@@ -84,12 +84,12 @@ def test_mix_takes_rloo_as_its_episode_part():
     played = np.ones((8, 3), bool)
     token_turn = np.tile(np.array([-1, 0, 0, 1, -1, 2], np.int32), (8, 1))
     args = (rewards, turn_rewards, keys, played, token_turn, 4)
-    mix = dict(group_size=4, advantage="mix", episode_weight=0.7, step_weight=1.5)
+    mix = dict(advantage="mix", episode_weight=0.7, step_weight=1.5)
     got = np.asarray(token_advantages(GrpoConfig(estimator="rloo", **mix), *args))
     base = np.asarray(token_advantages(GrpoConfig(**mix), *args))
     diff = 0.7 * (np.array(ref_rloo(rewards.tolist(), 4)) - np.asarray(group_advantages(rewards, 4)))
     np.testing.assert_allclose(got - base, np.broadcast_to(diff[:, None], got.shape), rtol=1e-5, atol=1e-5)
-    episode = np.asarray(token_advantages(GrpoConfig(group_size=4, estimator="rloo"), *args))
+    episode = np.asarray(token_advantages(GrpoConfig(estimator="rloo"), *args))
     np.testing.assert_allclose(episode, np.broadcast_to(np.array(ref_rloo(rewards.tolist(), 4))[:, None], episode.shape),
                                rtol=1e-6, atol=1e-6)
 

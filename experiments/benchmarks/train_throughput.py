@@ -136,7 +136,8 @@ def main() -> None:
     for name, change in (("skip", {}), ("every_row", dict(skip_zero_advantage=False)),
                          ("baseline_every_row", dict(skip_zero_advantage=False, length_buckets=1,
                                                      logits_at_loss_only=False))):
-        update = make_grpo_update(comp.module, optimizer, dataclasses.replace(base_cfg, **change))
+        update = make_grpo_update(comp.module, optimizer, dataclasses.replace(base_cfg, **change),
+                                  group_size=s.group_size, temperature=s.sampling.temperature)
         if name != "skip":
             cost = update.jitted.lower(params, optimizer.init(params), None, *args_u).compile().cost_analysis()
             cost = cost[0] if isinstance(cost, (list, tuple)) else cost

@@ -126,18 +126,19 @@ def step_metrics(config: GrpoConfig, rewards: jax.Array, turn_rewards: jax.Array
                                             ).astype(jnp.float32)}
 
 
-def advantage_inputs(config: GrpoConfig, traj) -> dict[str, jax.Array]:
-    """The `advantages` keyword of `grpo_update_step` for a `rollout.Trajectory`: {} with advantage "episode"
-    (the update's own group advantages, today's path), else {"advantages": float32[B, L]} (`token_advantages`)."""
+def advantage_inputs(config: GrpoConfig, traj, group_size: int) -> dict[str, jax.Array]:
+    """The `advantages` keyword of `grpo_update_step` for a `rollout.Trajectory` in groups of group_size rows:
+    {} with advantage "episode" (the update's own group advantages, today's path), else
+    {"advantages": float32[B, L]} (`token_advantages`)."""
     if config.advantage == "episode":
         return {}
     return {"advantages": token_advantages(config, traj.reward, traj.turn_rewards, traj.turn_keys,
-                                           traj.reply_kind >= 0, traj.token_turn, config.group_size)}
+                                           traj.reply_kind >= 0, traj.token_turn, group_size)}
 
 
-def advantage_metrics(config: GrpoConfig, traj) -> dict[str, jax.Array]:
-    """`step_metrics` of a `rollout.Trajectory` with advantage "step" or "mix"; {} with "episode"."""
+def advantage_metrics(config: GrpoConfig, traj, group_size: int) -> dict[str, jax.Array]:
+    """`step_metrics` of a `rollout.Trajectory` (groups of group_size rows) with advantage "step" or "mix"; {}
+    with "episode"."""
     if config.advantage == "episode":
         return {}
-    return step_metrics(config, traj.reward, traj.turn_rewards, traj.turn_keys, traj.reply_kind >= 0,
-                        config.group_size)
+    return step_metrics(config, traj.reward, traj.turn_rewards, traj.turn_keys, traj.reply_kind >= 0, group_size)

@@ -34,7 +34,7 @@ import optax
 
 from jaxrl_llm.algos.update import UpdateSchedule, bucket_lengths, bucketed_map, minibatch_update, real_lengths
 from jaxrl_llm.checks import ConfigError, check_choice, check_float, check_int
-from jaxrl_llm.algos.grpo_inputs import check_batch, check_extras
+from jaxrl_llm.algos.grpo_inputs import check_batch, check_extras, check_step_args
 from jaxrl_llm.algos.grpo_metrics import batch_metrics, decision_metrics, decision_sums, finish_metrics, step_metrics
 from jaxrl_llm.algos.token_logprobs import (  # noqa: F401  (token_logprobs .. slot_logits: re-exported)
     at_slots,
@@ -50,7 +50,6 @@ from jaxrl_llm.algos.token_logprobs import (  # noqa: F401  (token_logprobs .. s
     token_entropy,
     token_logprobs,
 )
-from jaxrl_llm.generate.sampler import NOT_IN_TOML
 from models import lora
 
 LOSS_TYPES = ("token-mean", "sequence-mean-token-mean", "dr-grpo")
@@ -62,10 +61,9 @@ ESTIMATORS = ("grpo", "rloo")
 
 @dataclasses.dataclass(frozen=True)
 class GrpoConfig:
-    """GRPO hyper-parameters (static under jit; validated on construction; the `[grpo.loss]` table).
+    """GRPO hyper-parameters (static under jit; validated on construction): exactly the `[grpo.loss]` table.
+    The group size and the temperature are not in it: `grpo_update_step` / `make_grpo_update` take them.
 
-    group_size: G, completions per example; the batch holds B = num_examples * G rows, groups consecutive
-        (set from the stage's `group_size`, not in the loss table).
     scale_rewards: "group" divides the centred rewards by the group's std (+ std_eps); "none" only
         centres them (Dr. GRPO's advice).
     std_eps: added to the group std before dividing (as TRL, 1e-4).
@@ -86,9 +84,6 @@ class GrpoConfig:
     grad_accum_steps: micro-batches per minibatch (gradient accumulated with `lax.scan`); must divide
         B / num_minibatches. The result equals the minibatch taken in one piece.
     shuffle: rows are permuted with the update's key at each pass (else taken in order).
-    temperature: the policy's (and reference's) logits are divided by it before the log-softmax; set it
-        to the sampler's temperature, so that the ratio compares the same distributions (a stage sets
-        it from its sampling temperature, not in the loss table).
     compute_entropy: also compute the policy's per-token entropy (a metric; no gradient).
     skip_zero_advantage: with beta = 0 a row whose advantage is 0 (e.g. every row of a group whose rewards
         are all equal) has an exactly zero gradient, so the update does not compute it. Each minibatch's rows
@@ -131,7 +126,6 @@ class GrpoConfig:
         with it is an error.
     """
 
-    group_size: int = dataclasses.field(default=8, metadata=NOT_IN_TOML)
     scale_rewards: str = "group"
     std_eps: float = 1e-4
     epsilon_low: float = 0.2
@@ -145,7 +139,6 @@ class GrpoConfig:
     passes: int = 1
     grad_accum_steps: int = 1
     shuffle: bool = True
-    temperature: float = dataclasses.field(default=1.0, metadata=NOT_IN_TOML)
     compute_entropy: bool = True
     skip_zero_advantage: bool = True
     length_buckets: int = 4
@@ -158,7 +151,6 @@ class GrpoConfig:
     estimator: str = "grpo"
 
     def __post_init__(self):
-        check_int(self, "group_size", 2)
         for name in ("num_minibatches", "passes", "grad_accum_steps"):
             check_int(self, name, 1)
         check_choice(self, "scale_rewards", SCALE_REWARDS)
@@ -176,7 +168,6 @@ class GrpoConfig:
             check_float(self, "ratio_mask_low", 0.0, 1.0, high_open=True)
         if self.ratio_mask_high is not None:
             check_float(self, "ratio_mask_high", low=1.0, low_open=True)
-        check_float(self, "temperature", low=0.0, low_open=True)
         check_int(self, "length_buckets", 1)
         check_choice(self, "loss_on", LOSS_ON)
         check_choice(self, "advantage", ADVANTAGES)
@@ -355,20 +346,20 @@ def grpo_loss(
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _micro_loss(module, config: GrpoConfig, slots: int, rows: int, frozen, choice_sets, choice_tokens,
+def _micro_loss(module, config: GrpoConfig, temperature, slots: int, rows: int, frozen, choice_sets, choice_tokens,
                 p, micro: dict, bucket: int, token_count: jax.Array, key: jax.Array) -> tuple[jax.Array, dict]:
     """The GRPO loss of one micro-batch at a bucket length (`update.minibatch_update`'s loss_fn) -> (loss, sums).
 
     micro: R rows of `_update_data` (tokens int32[R, L]; pos, target, mask, sampler [R, K]; adv [R] or
     [R, K]; ref, cset, decision, legal when present). rows and token_count: the minibatch's rows and loss
-    tokens (the normalisers its micro-batches share); key: the LoRA dropout key. sums: `_SUM_KEYS` and
-    the decision sums (`decision_sums`).
+    tokens (the normalisers its micro-batches share); key: the LoRA dropout key; temperature: the
+    sampler's (`slot_forward`). sums: `_SUM_KEYS` and the decision sums (`decision_sums`).
     """
     kb = min(slots, bucket)
     cut = lambda x: x[:, :kb]  # noqa: E731
     policy = p if frozen is None else lora.join(frozen, p, key)
-    logits = slot_forward(module, config, choice_sets, policy, micro["tokens"][:, :bucket], micro["pos"], kb,
-                           cut(micro["cset"]) if "cset" in micro else None)
+    logits = slot_forward(module, config, temperature, choice_sets, policy, micro["tokens"][:, :bucket], micro["pos"],
+                          kb, cut(micro["cset"]) if "cset" in micro else None)
     entropy = logits_entropy(logits) if config.compute_entropy else None
     adv = micro["adv"] if micro["adv"].ndim == 1 else cut(micro["adv"])
     loss, sums = _loss_and_sums(picked_logprobs(logits, cut(micro["target"])), cut(micro["sampler"]),
@@ -414,6 +405,8 @@ def grpo_update_step(
     key: jax.Array,
     frozen=None,
     *,
+    group_size: int,
+    temperature: float,
     advantages: jax.Array | None = None,
     decision_mask: jax.Array | None = None,
     choice_legal: jax.Array | None = None,
@@ -425,6 +418,10 @@ def grpo_update_step(
 
     tokens int32[B, L], loss_mask float32[B, L], sampler_logprobs float32[B, L] (the trajectory's
     `logprobs`), rewards float32[B] (groups of `group_size` consecutive rows), key: shuffling.
+    group_size, temperature (keyword, required): G, the completions per example (an int >= 2; a stage's
+    `group_size`), and the sampler's temperature (a finite number > 0; a stage's `sampling.temperature`),
+    which divides the policy's and reference's logits before the log-softmax, so that the ratio compares
+    the same distributions.
     ref_params: the frozen reference's params (used only when beta > 0; may be None otherwise).
     frozen: None, or the frozen base of a LoRA policy (`models.lora`): params are then its adapters, the
     policy is `lora.join(frozen, params, dropout key)` (one dropout key per micro-batch, drawn from the
@@ -469,14 +466,15 @@ def grpo_update_step(
     loss_mask = jnp.asarray(loss_mask, jnp.float32)
     sampler_logprobs = jnp.asarray(sampler_logprobs, jnp.float32)
     rewards = jnp.asarray(rewards, jnp.float32)
-    check_batch(config, tokens, loss_mask, sampler_logprobs, rewards)
+    group_size, temperature = check_step_args(group_size, temperature)
+    check_batch(config, group_size, tokens, loss_mask, sampler_logprobs, rewards)
     advantages, decision_mask, choice_legal, choice_tokens, choice_set, choice_sets = check_extras(
         config, tokens.shape, advantages, decision_mask, choice_legal, choice_tokens, choice_set, choice_sets)
     use_ref = config.beta > 0
     if use_ref and ref_params is None:
         raise ValueError("GrpoConfig.beta > 0 needs ref_params (the frozen reference model)")
     if advantages is None:
-        advantages = episode_advantages(config, rewards, config.group_size)
+        advantages = episode_advantages(config, rewards, group_size)
     if config.loss_on == "decision":
         loss_mask = loss_mask * decision_mask
     batch, length = tokens.shape
@@ -484,7 +482,7 @@ def grpo_update_step(
                                choice_legal, choice_set)
     schedule = UpdateSchedule(bucket_lengths(length, config.length_buckets), config.num_minibatches, config.passes,
                               config.grad_accum_steps, config.shuffle, config.skip_zero_advantage and not use_ref)
-    logprobs = functools.partial(slot_logprobs, module, config, slots, choice_sets)
+    logprobs = functools.partial(slot_logprobs, module, config, temperature, slots, choice_sets)
 
     def no_grad_logprobs(policy):  # float32[B, K], chunk by chunk at their buckets
         return bucketed_map(functools.partial(logprobs, policy), forward_inputs(data), data["need"],
@@ -492,24 +490,24 @@ def grpo_update_step(
 
     if use_ref:  # once per update
         data["ref"] = no_grad_logprobs(ref_params)
-    loss_fn = functools.partial(_micro_loss, module, config, slots, batch // config.num_minibatches, frozen,
-                                choice_sets, choice_tokens)
+    loss_fn = functools.partial(_micro_loss, module, config, temperature, slots, batch // config.num_minibatches,
+                                frozen, choice_sets, choice_tokens)
     params, opt_state, steps = minibatch_update(loss_fn, optimizer, schedule, params, opt_state, data, key,
                                                 normalisers=lambda mb: jnp.sum(mb["mask"]))
     metrics, dec = step_metrics(config, steps)
-    metrics.update(batch_metrics(config, rewards, advantages, loss_mask, data["mask"]))
+    metrics.update(batch_metrics(group_size, rewards, advantages, loss_mask, data["mask"]))
     if "decision" in data:  # one no-grad forward after the update; before = the sampler's log-probs
         after = no_grad_logprobs(params if frozen is None else lora.join(frozen, params))
         metrics.update(decision_metrics(dec, data["decision"], after, data["sampler"]))
     return params, opt_state, metrics
 
 
-def make_grpo_update(
-    module, optimizer: optax.GradientTransformation, config: GrpoConfig, ref_params=None
-) -> Callable[..., tuple[Any, Any, dict]]:
+def make_grpo_update(module, optimizer: optax.GradientTransformation, config: GrpoConfig, ref_params=None, *,
+                     group_size: int, temperature: float) -> Callable[..., tuple[Any, Any, dict]]:
     """Compile-once update: `update(params, opt_state, tokens, loss_mask, sampler_logprobs, rewards, key,
     **extra) -> (params, opt_state, metrics)` (shapes, the optional keyword arguments `extra` and the
-    metrics as in `grpo_update_step`).
+    metrics as in `grpo_update_step`; group_size and temperature, required, are its, checked here and
+    fixed in the compiled update).
 
     module: a Flax LM, `module.apply({"params": p}, tokens) -> (logits[B, L, V], _)`; optimizer: e.g.
     `optim.make_optimizer(OptimConfig)`. params and opt_state are donated (do not reuse the arguments).
@@ -518,13 +516,15 @@ def make_grpo_update(
     The jitted function is `update.jitted(params, opt_state, ref_params, tokens, ...)`; inside a larger
     `jit` call `grpo_update_step` directly.
     """
+    group_size, temperature = check_step_args(group_size, temperature)
     if config.beta > 0:
         if ref_params is None:
             raise ValueError("GrpoConfig.beta > 0 needs ref_params (the frozen reference model)")
         ref_params = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), ref_params)
     else:
         ref_params = None
-    jitted = jax.jit(functools.partial(grpo_update_step, module, optimizer, config), donate_argnums=(0, 1))
+    jitted = jax.jit(functools.partial(grpo_update_step, module, optimizer, config, group_size=group_size,
+                                       temperature=temperature), donate_argnums=(0, 1))
 
     def update(params, opt_state, tokens, loss_mask, sampler_logprobs, rewards, key, **extra):
         return jitted(params, opt_state, ref_params, tokens, loss_mask, sampler_logprobs, rewards, key, **extra)

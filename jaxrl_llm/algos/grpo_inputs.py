@@ -1,17 +1,33 @@
-"""The checks of `grpo.grpo_update_step`'s inputs: the batch's shapes, and its optional per-token inputs
-(moved out of `algos.grpo`)."""
+"""The checks of `grpo.grpo_update_step`'s inputs: its group size and temperature, the batch's shapes,
+and its optional per-token inputs (moved out of `algos.grpo`)."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import jax.numpy as jnp
+import numpy as np
 
 if TYPE_CHECKING:  # lazy: import cycle with algos.grpo (type hints only)
     from jaxrl_llm.algos.grpo import GrpoConfig
 
 
-def check_batch(config: GrpoConfig, tokens, loss_mask, sampler_logprobs, rewards):
+def check_step_args(group_size, temperature) -> tuple[int, float]:
+    """The update's `group_size` (an int >= 2) and `temperature` (a finite number > 0), as Python int and
+    float; a ValueError naming the argument otherwise."""
+    if not isinstance(group_size, (int, np.integer)) or isinstance(group_size, (bool, np.bool_)):
+        raise ValueError(f"group_size must be an integer (completions per example), got {group_size!r}")
+    if group_size < 2:
+        raise ValueError(f"group_size must be >= 2 (got {group_size}): a group of one has no baseline")
+    if not isinstance(temperature, (int, float, np.integer, np.floating)) or isinstance(temperature, (bool, np.bool_)):
+        raise ValueError(f"temperature must be a number (the sampler's), got {temperature!r}")
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0 (got {temperature})")
+    return int(group_size), float(temperature)
+
+
+def check_batch(config: GrpoConfig, group_size: int, tokens, loss_mask, sampler_logprobs, rewards):
     if tokens.ndim != 2:
         raise ValueError(f"tokens must be int32[B, L], got shape {tokens.shape}")
     if loss_mask.shape != tokens.shape or sampler_logprobs.shape != tokens.shape:
@@ -22,8 +38,8 @@ def check_batch(config: GrpoConfig, tokens, loss_mask, sampler_logprobs, rewards
     batch = tokens.shape[0]
     if rewards.shape != (batch,):
         raise ValueError(f"rewards must be float32[{batch}], got shape {rewards.shape}")
-    if batch % config.group_size:
-        raise ValueError(f"batch {batch} is not a multiple of group_size {config.group_size}")
+    if batch % group_size:
+        raise ValueError(f"batch {batch} is not a multiple of group_size {group_size}")
     if batch % config.micro_batches:
         raise ValueError(
             f"batch {batch} is not a multiple of num_minibatches * grad_accum_steps = "

@@ -81,9 +81,10 @@ def advantage_stats(advantages: jax.Array, loss_mask: jax.Array) -> dict:
     return dict(zip(("advantage_mean", "advantage_std", "advantage_min", "advantage_max"), stats))
 
 
-def batch_metrics(config: GrpoConfig, rewards, advantages, loss_mask, slot_mask) -> dict:
-    """The batch's figures: rewards, advantages, groups without spread, loss tokens (and those past the slots)."""
-    grouped = rewards.reshape(-1, config.group_size)
+def batch_metrics(group_size: int, rewards, advantages, loss_mask, slot_mask) -> dict:
+    """The batch's figures: rewards, advantages, groups (of group_size rows) without spread, loss tokens (and
+    those past the slots)."""
+    grouped = rewards.reshape(-1, group_size)
     zero_std = jnp.mean(jnp.all(grouped == grouped[:, :1], axis=1).astype(jnp.float32))
     return {"reward_mean": jnp.mean(rewards), "reward_std": jnp.std(rewards), **advantage_stats(advantages, loss_mask),
             "frac_zero_std_groups": zero_std, "frac_groups_with_spread": 1.0 - zero_std,

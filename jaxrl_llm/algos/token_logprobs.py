@@ -120,12 +120,14 @@ def at_slots(config: GrpoConfig, positions: jax.Array, x: jax.Array) -> jax.Arra
     return jnp.take_along_axis(x, positions.reshape(positions.shape + (1,) * (x.ndim - 2)), axis=1)
 
 
-def slot_forward(module, config: GrpoConfig, choice_sets, policy, tokens, positions, kb: int, cset=None):
-    """The logits of rows' first kb slots: tokens int32[R, lb] (cut to their bucket), positions int32[R, K]
-    -> float32[R, kb, V]. policy: the params `module.apply` takes (with LoRA, joined); cset int8[R, kb]: the
-    slots' allowed sets (the logits restricted to them, as the sampler's; after the temperature is the same)."""
+def slot_forward(module, config: GrpoConfig, temperature: float, choice_sets, policy, tokens, positions, kb: int,
+                 cset=None):
+    """The logits of rows' first kb slots, divided by the sampler's `temperature`: tokens int32[R, lb] (cut to
+    their bucket), positions int32[R, K] -> float32[R, kb, V]. policy: the params `module.apply` takes (with
+    LoRA, joined); cset int8[R, kb]: the slots' allowed sets (the logits restricted to them, as the
+    sampler's; after the temperature is the same)."""
     logits = slot_logits(module, policy, tokens, positions[:, :kb] if config.logits_at_loss_only else None,
-                         config.temperature)
+                         temperature)
     return restrict_logits(logits, cset, choice_sets) if cset is not None else logits
 
 
@@ -134,10 +136,12 @@ def forward_inputs(data: dict) -> dict:
     return {k: data[k] for k in ("tokens", "pos", "target", "cset") if k in data}
 
 
-def slot_logprobs(module, config: GrpoConfig, slots: int, choice_sets, policy, bucket: int, chunk: dict) -> tuple:
-    """The log-probs of a chunk's slot tokens at a bucket length, padded to K slots: (float32[R, K],)
-    (the `update.bucketed_map` fn; chunk: `forward_inputs` of R rows)."""
+def slot_logprobs(module, config: GrpoConfig, temperature: float, slots: int, choice_sets, policy, bucket: int,
+                  chunk: dict) -> tuple:
+    """The log-probs of a chunk's slot tokens at a bucket length (logits divided by `temperature`), padded to
+    K slots: (float32[R, K],) (the `update.bucketed_map` fn; chunk: `forward_inputs` of R rows)."""
     kb = min(slots, bucket)
     cset = chunk["cset"][:, :kb] if "cset" in chunk else None
-    logits = slot_forward(module, config, choice_sets, policy, chunk["tokens"][:, :bucket], chunk["pos"], kb, cset)
+    logits = slot_forward(module, config, temperature, choice_sets, policy, chunk["tokens"][:, :bucket], chunk["pos"],
+                          kb, cset)
     return (jnp.pad(picked_logprobs(logits, chunk["target"][:, :kb]), ((0, 0), (0, slots - kb))),)

@@ -91,7 +91,8 @@ def make_grpo_step(comp: Components, stage: int, mesh=None):
     one `jit`.
 
     Inside: the stage's examples from the env's curriculum (`num_prompts` x `group_size` games), the
-    rollout, group advantages and `passes` x `num_minibatches` optimizer steps. params and opt_state are
+    rollout, group advantages and `passes` x `num_minibatches` optimizer steps (`grpo_update_step` with the
+    stage's `group_size` and its sampler's temperature, `sampling.temperature`). params and opt_state are
     donated. With a mesh, the games are sharded over all its devices (the batch over data x fsdp) and the
     params as they are placed (`shard_params`); XLA inserts the collectives. LoRA: params are the adapters
     and frozen the base (not donated); the games are played by `lora.join(frozen, params)`.
@@ -117,10 +118,11 @@ def make_grpo_step(comp: Components, stage: int, mesh=None):
         params, opt_state, metrics = grpo_update_step(
             comp.module, optimizer, gcfg, params, opt_state, ref_params,
             traj.tokens, traj.loss_mask, traj.logprobs, traj.reward, k_update, frozen=frozen,
-            **decision_inputs(traj, comp.tables), **advantage_inputs(gcfg, traj),
+            group_size=s.group_size, temperature=sconf.temperature,
+            **decision_inputs(traj, comp.tables), **advantage_inputs(gcfg, traj, s.group_size),
             **({} if sets is None else {"choice_set": traj.choice_set, "choice_sets": sets}),
         )
-        metrics.update(advantage_metrics(gcfg, traj))
+        metrics.update(advantage_metrics(gcfg, traj, s.group_size))
         metrics.update(rollout_metrics(traj, env.metric_kinds))
         metrics.update({k: jnp.asarray(v, jnp.float32) for k, v in env.example_metrics(examples).items()})
         return params, opt_state, metrics, traj

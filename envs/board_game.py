@@ -110,6 +110,7 @@ class BoardGameEnv(Env):
     final_message = True
     results_columns = (("W", "win"), ("D", "draw"), ("L", "loss"), ("format", "format"), ("invalid", "invalid"))
     outcome_metrics = ("win", "draw", "loss", "unfinished")
+    reward_params = (*RUBRIC_VALUES, "invalid_penalty", *RUBRIC_WEIGHTS)
 
     # ---- data ----
     def stratified_strengths(self, key: jax.Array, num_prompts: int, group_size: int,

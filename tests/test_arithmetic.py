@@ -259,6 +259,16 @@ def test_device_parse_matches_python_re(replies):
 # ---------------------------------------------------------------------------------------------------------
 
 
+def scripted_rollout(tok, env, tables, replies, seeds, levels):
+    """The trajectory (on the host) of one scripted reply per problem (seeds, levels), jitted."""
+    reply_tokens, reply_lengths = ro.script_replies(tok, [[r] for r in replies], 1, 32)
+    policy = ro.scripted_policy(reply_tokens, reply_lengths, tables.eos_id)
+    run = jax.jit(lambda ex, k: ro.rollout(env, policy, None, None, None, tables, ex, k,
+                                           ro.RolloutConfig(context_length=128, max_turns=1),
+                                           SamplingConfig(max_new_tokens=32)))
+    return jax.device_get(run(ar.Example(jnp.asarray(seeds), jnp.asarray(levels)), jax.random.PRNGKey(0)))
+
+
 def test_scripted_rollout_rubric_and_metrics(tok):
     tables = text.tables_for_env(tok, ENV)
     seeds = np.asarray(jax.random.bits(jax.random.PRNGKey(11), (16,), jnp.uint32))
@@ -270,12 +280,7 @@ def test_scripted_rollout_rubric_and_metrics(tok):
                f"The answer is {answers[8]}.", ref.worked(answers[9]), f"<answer>{answers[10]}", ref.worked(answers[11]),
                f"<answer>{answers[12]}</answer>", f"<answer>-{answers[13]}</answer>", "<answer>1 2</answer>",
                ref.worked(answers[15])]
-    reply_tokens, reply_lengths = ro.script_replies(tok, [[r] for r in replies], 1, 32)
-    policy = ro.scripted_policy(reply_tokens, reply_lengths, tables.eos_id)
-    run = jax.jit(lambda ex, k: ro.rollout(ENV, policy, None, None, None, tables, ex, k,
-                                           ro.RolloutConfig(context_length=128, max_turns=1),
-                                           SamplingConfig(max_new_tokens=32)))
-    traj = jax.device_get(run(ar.Example(jnp.asarray(seeds), jnp.asarray(levels)), jax.random.PRNGKey(0)))
+    traj = scripted_rollout(tok, ENV, tables, replies, seeds, levels)
     assert [p.name for p in ENV.rubric(ENV.params)] == ["exact", "format"]
     for i, reply in enumerate(replies):
         want = ref.score(reply, answers[i])
@@ -329,12 +334,7 @@ def test_digits_credit_is_a_rubric_part_only_when_weighted(tok):
     levels = np.array([6, 7, 6, 7], np.int32)
     answers = [ref.problem(int(s), int(lv))["answer"] for s, lv in zip(seeds, levels)]
     replies = [f"<answer>{answers[0]}</answer>", f"<answer>{answers[1] + 1}</answer>", "<answer>5</answer>", "none"]
-    reply_tokens, reply_lengths = ro.script_replies(tok, [[r] for r in replies], 1, 32)
-    policy = ro.scripted_policy(reply_tokens, reply_lengths, tables.eos_id)
-    run = jax.jit(lambda ex, k: ro.rollout(env, policy, None, None, None, tables, ex, k,
-                                           ro.RolloutConfig(context_length=128, max_turns=1),
-                                           SamplingConfig(max_new_tokens=32)))
-    traj = jax.device_get(run(ar.Example(jnp.asarray(seeds), jnp.asarray(levels)), jax.random.PRNGKey(0)))
+    traj = scripted_rollout(tok, env, tables, replies, seeds, levels)
     for i, reply in enumerate(replies):
         want = ref.score(reply, answers[i])
         credit = ref.digit_credit(reply, answers[i])

@@ -12,7 +12,8 @@ import numpy as np
 import optax
 import pytest
 
-from jaxrl_llm.algos.grpo import GrpoConfig, bucket_lengths, grpo_update_step, loss_slots, make_grpo_update, real_lengths
+from jaxrl_llm.algos.grpo import (GrpoConfig, bucket_lengths, forward_slot_logprobs, grpo_update_step, loss_slots,
+                                  make_grpo_update, policy_logprobs, real_lengths)
 from jaxrl_llm.algos.optim import OptimConfig, learning_rate_schedule, make_optimizer
 from models.lfm2 import ATTENTION, CONV, PRESETS, Lfm2ForCausalLM, init_params
 
@@ -162,9 +163,11 @@ def test_schedule_counts_optimizer_updates_and_logs_the_rate_applied(tiny):
         assert float(m["learning_rate"]) == pytest.approx(np.mean(applied), rel=1e-6)
 
 
-def test_decision_metrics_against_an_independent_computation(tiny):
-    """On-policy samples: decision_policy_change against the full forward after the update, decision_entropy
-    and illegal_choice_prob against the full forward before it (one minibatch, every row computed)."""
+@pytest.mark.parametrize("change_rows", [None, 8])
+def test_decision_metrics_against_an_independent_computation(tiny, change_rows):
+    """On-policy samples: decision_policy_change against the full forward after the update (over every
+    row, or the first `policy_change_rows`), decision_entropy and illegal_choice_prob against the full
+    forward before it (one minibatch, every row computed)."""
     _, module, params = tiny
     data = _batch(seed=6)
     rng = np.random.default_rng(7)
@@ -182,7 +185,8 @@ def test_decision_metrics_against_an_independent_computation(tiny):
     b_logp, b_ent, b_ill = map(np.asarray, stats(params))
     logq = jnp.where(data["mask"] > 0, jnp.pad(jnp.asarray(b_logp), ((0, 0), (1, 0))), 0.0)
     opt = optax.sgd(1.0)
-    cfg = GrpoConfig(grad_accum_steps=2, max_completion_tokens=12, skip_zero_advantage=False)
+    cfg = GrpoConfig(grad_accum_steps=2, max_completion_tokens=12, skip_zero_advantage=False,
+                     policy_change_rows=change_rows)
     p = _copy(params)
     new, _, m = make_grpo_update(module, opt, cfg, group_size=4, temperature=1.3)(
         p, opt.init(p), data["tokens"], data["mask"], logq, data["rewards"], jax.random.PRNGKey(0),
@@ -191,11 +195,28 @@ def test_decision_metrics_against_an_independent_computation(tiny):
     a_logp = np.asarray(stats(new)[0])
     n = d.sum()
     assert float(m["decision_tokens"]) == n
-    assert float(m["decision_policy_change"]) == pytest.approx((d * np.abs(a_logp - b_logp)).sum() / n, rel=1e-3)
+    r = 16 if change_rows is None else change_rows
+    expected = (d[:r] * np.abs(a_logp - b_logp)[:r]).sum() / d[:r].sum()
+    assert float(m["decision_policy_change"]) == pytest.approx(expected, rel=1e-3)
     assert float(m["decision_policy_change"]) > 1e-4
     assert float(m["decision_entropy"]) == pytest.approx((d * b_ent).sum() / n, rel=1e-5)
     assert float(m["illegal_choice_prob"]) == pytest.approx((d * b_ill).sum() / n, rel=1e-5)
     assert float(m["frac_groups_with_spread"]) == pytest.approx(1.0 - float(m["frac_zero_std_groups"]))
+
+
+def test_decision_policy_change_is_nan_when_off_and_the_setting_is_checked():
+    """policy_change_rows = 0: no forward after the update, the metric NaN; a negative count is named."""
+    from jaxrl_llm.algos.grpo_metrics import decision_metrics
+
+    dec = {"dec_n": jnp.float32(3.0), "dec_entropy": jnp.float32(1.5)}
+    decision = jnp.asarray([[1.0, 0.0], [1.0, 1.0]])
+    before = jnp.zeros((2, 2))
+    off = decision_metrics(dec, decision, None, before)
+    assert np.isnan(float(off["decision_policy_change"])) and float(off["decision_tokens"]) == 3.0
+    first = decision_metrics(dec, decision, jnp.asarray([[0.5, 9.0]]), before)  # the first row: one decision token
+    assert float(first["decision_policy_change"]) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="policy_change_rows"):
+        GrpoConfig(policy_change_rows=-1)
 
 
 def test_loss_on_decision_tokens(tiny):
@@ -276,3 +297,18 @@ def test_update_step_inside_a_larger_jit_with_lora(tiny):
     new, _, m = fn(adapters, opt.init(adapters))
     assert np.isfinite(float(m["decision_policy_change"])) and float(m["decision_policy_change"]) > 0
     assert "learning_rate" not in m  # a plain optax.adam does not inject its rate
+
+
+def test_forward_slot_logprobs_are_the_full_forwards_logprobs_at_the_loss_tokens(tiny):
+    """The update's bucketed, loss-positions-only forward (the train benchmark's floor) against a plain full
+    forward's token log-probs at the loss positions."""
+    _, module, params = tiny
+    data = _batch(seed=11)
+    full = np.asarray(policy_logprobs(module, params, data["tokens"], temperature=1.3)[0])
+    cfg = GrpoConfig(grad_accum_steps=2, max_completion_tokens=12, length_buckets=3)
+    logp, positions, valid = jax.jit(lambda p, t, m: forward_slot_logprobs(module, cfg, p, t, m, temperature=1.3))(
+        params, data["tokens"], data["mask"])
+    rows, pos = np.nonzero(np.asarray(valid))
+    expected = full[rows, np.asarray(positions)[rows, pos]]
+    np.testing.assert_allclose(np.asarray(logp)[rows, pos], expected, atol=2e-5)
+    assert valid.sum() == np.asarray(data["mask"]).sum()

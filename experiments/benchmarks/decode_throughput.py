@@ -35,19 +35,8 @@ from models.hf import load_hf, save_hf
 from models.lfm2 import PRESETS, Lfm2ForCausalLM, init_cache
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from flops import decode_flops_per_token  # noqa: E402
 from machine import describe, machine_facts, matmul_peak_flops  # noqa: E402
-
-
-def decode_flops_per_token(config, params, context: int) -> float:
-    """Matmul FLOPs to decode one token: 2 x (weights touched) + attention over `context` cached positions."""
-    n_params = sum(x.size for x in jax.tree_util.tree_leaves(params))
-    embed = config.vocab_size * config.hidden_size
-    # The embedding lookup is a gather; the tied head is a matmul over it.
-    matmul_params = n_params - embed + (embed if config.tie_word_embeddings else 0)
-    n_attn = sum(t == "full_attention" for t in config.layer_types)
-    head_dim = config.hidden_size // config.num_attention_heads
-    attention = n_attn * 2 * 2 * config.num_attention_heads * head_dim * context
-    return 2 * matmul_params + attention
 
 
 def dense_kernels(params) -> list[jax.Array]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Callable
 
 import jax
@@ -117,6 +118,10 @@ class GrpoConfig:
         episode + step_weight * step.
     episode_weight, step_weight: the two weights of "mix" (>= 0, not both 0; ignored otherwise).
     step_discount: the discount of the per-turn return of "step" and "mix", in [0, 1] (GiGPO's 0.95).
+    policy_change_rows: how many rows (the batch's first, whole groups of i.i.d. examples) the metric
+        `decision_policy_change` measures: it costs one no-gradient forward of those rows after the
+        update. None: every row (exact, one more forward of the whole batch: ~1/3 of an every-row
+        update); 0: off (NaN). Default 16: an eighth of the CPU preset's 128 rows, ~100 decision tokens.
     estimator: the episode advantage (`episode_advantages`): "grpo" the group-relative one
         (`group_advantages`, with scale_rewards and std_eps); "rloo" REINFORCE's leave-one-out baseline
         (`rloo_advantages`: a row's reward minus the mean of the other rows of its group; no std division,
@@ -149,6 +154,7 @@ class GrpoConfig:
     step_weight: float = 1.0
     step_discount: float = 0.95
     estimator: str = "grpo"
+    policy_change_rows: int | None = 16
 
     def __post_init__(self):
         for name in ("num_minibatches", "passes", "grad_accum_steps"):
@@ -178,6 +184,8 @@ class GrpoConfig:
             raise ConfigError("advantage 'mix' needs episode_weight or step_weight > 0 (both are 0)",
                               ("step_weight",), "GrpoConfig")
         check_choice(self, "estimator", ESTIMATORS)
+        if self.policy_change_rows is not None:
+            check_int(self, "policy_change_rows", 0)
         if self.estimator == "rloo" and self.advantage == "step":
             raise ConfigError("'rloo' is an episode advantage, which advantage 'step' does not use (use "
                               "advantage 'episode' or 'mix', or estimator 'grpo')", ("estimator",), "GrpoConfig")
@@ -391,6 +399,36 @@ def _update_data(config: GrpoConfig, tokens, loss_mask, sampler_logprobs, advant
     return data, slots
 
 
+def _bucketed_logprobs(module, config: GrpoConfig, temperature, slots: int, choice_sets, policy, rows: int | None = None,
+                       *, data: dict, buckets: tuple[int, ...]) -> jax.Array:
+    """The update's no-gradient forward of the first `rows` rows (None: all B) of `_update_data`'s data, chunk
+    by chunk (B / micro_batches rows, or fewer to divide `rows`) at their length buckets -> float32[rows, K]."""
+    batch = data["need"].shape[0]
+    rows = batch if rows is None else rows
+    head = {k: v[:rows] for k, v in forward_inputs(data).items()}
+    logprobs = functools.partial(slot_logprobs, module, config, temperature, slots, choice_sets, policy)
+    return bucketed_map(logprobs, head, data["need"][:rows], buckets, math.gcd(rows, batch // config.micro_batches))[0]
+
+
+def forward_slot_logprobs(module, config: GrpoConfig, params, tokens: jax.Array, loss_mask: jax.Array, *,
+                          temperature: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The update's no-gradient forward alone (its reference forward when beta > 0): the log-probs of the
+    loss tokens, the logits divided by `temperature`, computed as the update computes them (length buckets,
+    logits at loss positions only, chunks of B / micro_batches rows). Traceable; a floor for an update's time.
+
+    tokens int32[B, L], loss_mask float32[B, L] -> (logprobs float32[B, K], positions int32[B, K], valid
+    bool[B, K]): slot k of row b is the loss token at positions[b, k] where valid (`slot_layout`).
+    """
+    tokens = jnp.asarray(tokens, jnp.int32)
+    loss_mask = jnp.asarray(loss_mask, jnp.float32)
+    zeros = jnp.zeros(tokens.shape[:1], jnp.float32)
+    data, slots = _update_data(config, tokens, loss_mask, jnp.zeros_like(loss_mask), zeros, False)
+    positions, valid, _ = slot_layout(config, loss_mask)
+    logp = _bucketed_logprobs(module, config, temperature, slots, None, params, data=data,
+                              buckets=bucket_lengths(tokens.shape[1], config.length_buckets))
+    return logp, positions, valid
+
+
 def grpo_update_step(
     module,
     optimizer: optax.GradientTransformation,
@@ -455,7 +493,8 @@ def grpo_update_step(
     frac_groups_with_spread (the others); num_tokens (loss tokens of the batch); loss_tokens_cut (loss
     tokens past the K slots of `logits_at_loss_only`, 0 when max_completion_tokens bounds them).
     With decision_mask: decision_tokens; decision_policy_change, the mean |log pi_after - log pi_before|
-    of the sampled decision tokens, pi_after from one no-grad forward after the whole update (at the
+    of the sampled decision tokens of the first `GrpoConfig.policy_change_rows` rows (NaN when 0), pi_after
+    from one no-grad forward of those rows after the whole update (at the
     decision positions' buckets), pi_before the sampler's log-probs (the same params, the same temperature:
     the trajectory was sampled from the policy before this update); decision_entropy, and with
     choice_legal illegal_choice_prob (the probability mass on the illegal choices' tokens), over the
@@ -482,11 +521,8 @@ def grpo_update_step(
                                choice_legal, choice_set)
     schedule = UpdateSchedule(bucket_lengths(length, config.length_buckets), config.num_minibatches, config.passes,
                               config.grad_accum_steps, config.shuffle, config.skip_zero_advantage and not use_ref)
-    logprobs = functools.partial(slot_logprobs, module, config, temperature, slots, choice_sets)
-
-    def no_grad_logprobs(policy):  # float32[B, K], chunk by chunk at their buckets
-        return bucketed_map(functools.partial(logprobs, policy), forward_inputs(data), data["need"],
-                            schedule.buckets, batch // config.micro_batches)[0]
+    no_grad_logprobs = functools.partial(_bucketed_logprobs, module, config, temperature, slots, choice_sets,
+                                         data=data, buckets=schedule.buckets)
 
     if use_ref:  # once per update
         data["ref"] = no_grad_logprobs(ref_params)
@@ -496,8 +532,9 @@ def grpo_update_step(
                                                 normalisers=lambda mb: jnp.sum(mb["mask"]))
     metrics, dec = step_metrics(config, steps)
     metrics.update(batch_metrics(group_size, rewards, advantages, loss_mask, data["mask"]))
-    if "decision" in data:  # one no-grad forward after the update; before = the sampler's log-probs
-        after = no_grad_logprobs(params if frozen is None else lora.join(frozen, params))
+    if "decision" in data:  # one no-grad forward of the measured rows after the update; before = the sampler's
+        rows = batch if config.policy_change_rows is None else min(config.policy_change_rows, batch)
+        after = no_grad_logprobs(params if frozen is None else lora.join(frozen, params), rows) if rows else None
         metrics.update(decision_metrics(dec, data["decision"], after, data["sampler"]))
     return params, opt_state, metrics
 

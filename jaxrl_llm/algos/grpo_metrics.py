@@ -92,13 +92,18 @@ def batch_metrics(group_size: int, rewards, advantages, loss_mask, slot_mask) ->
 
 
 def decision_metrics(dec: dict, decision, after, before) -> dict:
-    """decision_tokens, decision_policy_change (mean |after - before| log-prob over the decision slots
-    float32[B, K]), decision_entropy and illegal_choice_prob (from the sums `dec`; NaN when no micro-batch
-    was computed)."""
-    n_dec = jnp.maximum(jnp.sum(decision), 1.0)
+    """decision_tokens (of decision float32[B, K]), decision_policy_change (mean |after - before| log-prob
+    over the decision slots of the first R rows, after float32[R, K]; NaN when after is None or those rows
+    have no decision token), decision_entropy and illegal_choice_prob (from the sums `dec`; NaN when no
+    micro-batch was computed)."""
     seen = jnp.where(dec["dec_n"] > 0, dec["dec_n"], jnp.nan)
-    out = {"decision_tokens": jnp.sum(decision),
-           "decision_policy_change": jnp.sum(decision * jnp.abs(after - before)) / n_dec,
+    change = jnp.float32(jnp.nan)
+    if after is not None:
+        measured = decision[: after.shape[0]]
+        n_measured = jnp.sum(measured)
+        change = jnp.where(n_measured > 0, jnp.sum(measured * jnp.abs(after - before[: after.shape[0]]))
+                           / jnp.maximum(n_measured, 1.0), jnp.nan)
+    out = {"decision_tokens": jnp.sum(decision), "decision_policy_change": change,
            "decision_entropy": dec["dec_entropy"] / seen}
     if "dec_illegal" in dec:
         out["illegal_choice_prob"] = dec["dec_illegal"] / seen

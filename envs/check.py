@@ -4,7 +4,8 @@ Plays a few games of the env's random player (`Env.random_reply`, with some repl
 the env alone, no model, and checks what the rollout, the text bridge and the trainer rely on:
 
   - the declarative parts: `system_prompt` a str, `message_spec` a MessageSpec, `reply_grammar` a
-    ReplyGrammar, `rubric` RubricParts, `eval_settings` EvalSettings, `metric_kinds` of `METRIC_KINDS`;
+    ReplyGrammar, `rubric` RubricParts, `eval_settings` EvalSettings, `metric_kinds` of `METRIC_KINDS`,
+    `reward_params` fields of the env's Params;
   - `sample_examples` has a leading axis of num_prompts * group_size;
   - `reset` and `step` are jittable and vmappable, and `step` keeps the state's structure, shapes and
     dtypes; `done` is a bool per game;
@@ -107,7 +108,13 @@ def _check_declarative(c: _Checker):
     bad_kinds = {k: v for k, v in kinds.items() if v not in METRIC_KINDS}
     if bad_kinds:
         c.fail(f"metric_kinds {bad_kinds}: each kind must be one of {METRIC_KINDS}")
-    c.done_with("system_prompt, message_spec, reply_grammar, rubric, eval_settings and metric_kinds are well formed")
+    reward_params = tuple(getattr(type(env), "reward_params", ()))
+    unknown = [name for name in reward_params if not hasattr(params, name)]
+    if unknown:
+        c.fail(f"reward_params names {unknown}, which are not fields of the env's Params ({type(params).__name__}); "
+               "list only the Params fields that weigh the reward")
+    c.done_with("system_prompt, message_spec, reply_grammar, rubric, eval_settings, metric_kinds and reward_params "
+                "are well formed")
     return spec, rubric, settings, kinds
 
 

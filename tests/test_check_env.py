@@ -114,6 +114,14 @@ def test_unknown_metric_kind(guess):
     assert failure.startswith("metric_kinds {'guesses': 'count'}")
 
 
+def test_reward_params_that_are_not_params_fields(guess):
+    class BadRewardParams(guess.GuessNumber):
+        reward_params = ("win_weight",)
+
+    (failure,) = _failures(BadRewardParams())
+    assert failure.startswith("reward_params names ['win_weight'], which are not fields of the env's Params")
+
+
 def test_cli_check_env(guess, capsys):
     assert main(["check-env", "guess_env.env:GuessNumber", "--max-turns", "6"]) == 0
     out = capsys.readouterr().out

@@ -163,6 +163,7 @@ def test_entry_points_register_lazily(tmp_path, monkeypatch):
 def test_every_committed_model_records_the_env_of_its_preset():
     presets = {"cpu": "cpu", "cpu_exploit": "cpu_exploit", "cpu_from_reward": "cpu_from_reward",
                "connect_four_cpu": "connect_four_cpu", "warmup_legal": "warmup_legal", "warmup_games": "warmup_games",
+               "cpu_from_reward_games": "cpu_from_reward_games",
                "seed_recipe": "seed_recipe", "seed_recipe_sft": "seed_recipe",
                "arithmetic_rl": "arithmetic_rl", "arithmetic_rl_sft": "arithmetic_rl",
                "cpu_from_reward_sft": "cpu_from_reward"}

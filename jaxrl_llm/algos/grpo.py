@@ -120,8 +120,9 @@ class GrpoConfig:
     step_discount: the discount of the per-turn return of "step" and "mix", in [0, 1] (GiGPO's 0.95).
     policy_change_rows: how many rows (the batch's first, whole groups of i.i.d. examples) the metric
         `decision_policy_change` measures: it costs one no-gradient forward of those rows after the
-        update. None: every row (exact, one more forward of the whole batch: ~1/3 of an every-row
-        update); 0: off (NaN). Default 16: an eighth of the CPU preset's 128 rows, ~100 decision tokens.
+        update. At least the batch size: every row (exact, one more forward of the whole batch: ~1/3 of
+        an every-row update); 0: off (NaN). Default 16: an eighth of the CPU preset's 128 rows, ~100
+        decision tokens.
     estimator: the episode advantage (`episode_advantages`): "grpo" the group-relative one
         (`group_advantages`, with scale_rewards and std_eps); "rloo" REINFORCE's leave-one-out baseline
         (`rloo_advantages`: a row's reward minus the mean of the other rows of its group; no std division,
@@ -154,7 +155,7 @@ class GrpoConfig:
     step_weight: float = 1.0
     step_discount: float = 0.95
     estimator: str = "grpo"
-    policy_change_rows: int | None = 16
+    policy_change_rows: int = 16
 
     def __post_init__(self):
         for name in ("num_minibatches", "passes", "grad_accum_steps"):
@@ -184,8 +185,7 @@ class GrpoConfig:
             raise ConfigError("advantage 'mix' needs episode_weight or step_weight > 0 (both are 0)",
                               ("step_weight",), "GrpoConfig")
         check_choice(self, "estimator", ESTIMATORS)
-        if self.policy_change_rows is not None:
-            check_int(self, "policy_change_rows", 0)
+        check_int(self, "policy_change_rows", 0)
         if self.estimator == "rloo" and self.advantage == "step":
             raise ConfigError("'rloo' is an episode advantage, which advantage 'step' does not use (use "
                               "advantage 'episode' or 'mix', or estimator 'grpo')", ("estimator",), "GrpoConfig")
@@ -533,7 +533,7 @@ def grpo_update_step(
     metrics, dec = step_metrics(config, steps)
     metrics.update(batch_metrics(group_size, rewards, advantages, loss_mask, data["mask"]))
     if "decision" in data:  # one no-grad forward of the measured rows after the update; before = the sampler's
-        rows = batch if config.policy_change_rows is None else min(config.policy_change_rows, batch)
+        rows = min(config.policy_change_rows, batch)
         after = no_grad_logprobs(params if frozen is None else lora.join(frozen, params), rows) if rows else None
         metrics.update(decision_metrics(dec, data["decision"], after, data["sampler"]))
     return params, opt_state, metrics

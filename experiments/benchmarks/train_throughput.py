@@ -191,6 +191,7 @@ def main() -> None:
         "baseline_step_every_row_s": every["old"], "baseline_games_per_s_every_row": s.batch_size / every["old"],
         "baseline_update_every_row_s": timed["baseline_every_row"],
         "baseline_every_row_over_rollout": timed["baseline_every_row"] / rollout_s,
+        "baseline_update_flops": f_new,  # the same useful work (the old path computes padding on top of it)
         "baseline_update_gflops_per_s": f_new / timed["baseline_every_row"] / 1e9,
     }
     row["every_row_games_speedup"] = row["games_per_s_every_row"] / row["baseline_games_per_s_every_row"]

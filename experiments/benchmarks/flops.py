@@ -20,8 +20,7 @@ def body_matmul_params(config, params) -> int:
 
 def _attention_width(config) -> int:
     """sum over attention layers of heads x head_dim (the q.k / p.v products' width)."""
-    n_attn = sum(t == "full_attention" for t in config.layer_types)
-    return n_attn * config.hidden_size // config.num_attention_heads * config.num_attention_heads
+    return len(config.attention_layers) * config.num_attention_heads * config.head_dim
 
 
 def decode_flops_per_token(config, params, context: int) -> float:

@@ -118,7 +118,7 @@ class GrpoConfig:
         episode + step_weight * step.
     episode_weight, step_weight: the two weights of "mix" (>= 0, not both 0; ignored otherwise).
     step_discount: the discount of the per-turn return of "step" and "mix", in [0, 1] (GiGPO's 0.95).
-    policy_change_rows: how many rows (the batch's first, whole groups of i.i.d. examples) the metric
+    policy_change_rows: how many rows (the batch's first: its examples are drawn at random) the metric
         `decision_policy_change` measures: it costs one no-gradient forward of those rows after the
         update. At least the batch size: every row (exact, one more forward of the whole batch: ~1/3 of
         an every-row update); 0: off (NaN). Default 16: an eighth of the CPU preset's 128 rows, ~100
@@ -423,10 +423,9 @@ def forward_slot_logprobs(module, config: GrpoConfig, params, tokens: jax.Array,
     loss_mask = jnp.asarray(loss_mask, jnp.float32)
     zeros = jnp.zeros(tokens.shape[:1], jnp.float32)
     data, slots = _update_data(config, tokens, loss_mask, jnp.zeros_like(loss_mask), zeros, False)
-    positions, valid, _ = slot_layout(config, loss_mask)
     logp = _bucketed_logprobs(module, config, temperature, slots, None, params, data=data,
                               buckets=bucket_lengths(tokens.shape[1], config.length_buckets))
-    return logp, positions, valid
+    return logp, data["pos"], data["mask"] > 0
 
 
 def grpo_update_step(

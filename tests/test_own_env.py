@@ -166,12 +166,14 @@ def test_every_committed_model_records_the_env_of_its_preset():
                "cpu_from_reward_games": "cpu_from_reward_games",
                "seed_recipe": "seed_recipe", "seed_recipe_sft": "seed_recipe",
                "arithmetic_rl": "arithmetic_rl", "arithmetic_rl_sft": "arithmetic_rl",
-               "cpu_from_reward_sft": "cpu_from_reward"}
+               "cpu_from_reward_sft": "cpu_from_reward",
+               "seed_recipe_run4": "results/seed_recipe_run4/preset"}  # a recorded run's own preset
     folders = sorted(p for p in (ROOT / "experiments" / "checkpoints").iterdir() if (p / "config.json").is_file())
     assert {p.name for p in folders} == set(presets)
     for folder in folders:
         record = json.loads((folder / "jaxrl_llm_env.json").read_text())
-        config = load_config(ROOT / "experiments" / "presets" / f"{presets[folder.name]}.toml")
+        name = presets[folder.name]
+        config = load_config(ROOT / "experiments" / ("" if "/" in name else "presets") / f"{name}.toml")
         from jaxrl_llm.train import env_record
 
         mine = env_record(config)

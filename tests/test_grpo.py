@@ -69,6 +69,8 @@ def _norm(tree) -> float:
         ({"num_minibatches": 0}, "num_minibatches"),
         ({"passes": 0}, "passes"),
         ({"grad_accum_steps": 2.0}, "grad_accum_steps"),
+        ({"entropy_coef": -0.01}, "entropy_coef"),
+        ({"entropy_coef": float("nan")}, "entropy_coef"),
     ],
 )
 def test_config_validation(kwargs, match):
@@ -249,6 +251,61 @@ def test_ratio_masking_removes_out_of_bounds_tokens(mode):
     # Changing a masked-out token's log-prob further out of bounds changes nothing.
     bumped = logp + np.where(out, np.sign(np.log(r)) * 2.0, 0.0)
     assert float(grpo_loss(f32(bumped), f32(logq), None, f32(adv), f32(mask), cfg)[0]) == pytest.approx(float(loss))
+
+
+@pytest.mark.parametrize("mode", grpo.LOSS_TYPES)
+def test_entropy_bonus_is_the_loss_minus_the_aggregated_entropy(mode):
+    """entropy_coef: each masked token's loss gets - coef * H, aggregated like the loss (the hand loops with
+    H subtracted), with gradient -coef x the token's aggregation weight on H; the metric is unchanged."""
+    logp, logq, logref, adv, mask = _loss_case()
+    entropy = np.random.default_rng(5).uniform(0.1, 2.0, size=mask.shape)
+    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    coef = 0.3
+    base_cfg = GrpoConfig(loss_type=mode, max_completion_tokens=5)
+    cfg = dataclasses.replace(base_cfg, entropy_coef=coef)
+    assert cfg.dense_gradient and not base_cfg.dense_gradient
+    base, base_metrics = grpo_loss(f32(logp), f32(logq), None, f32(adv), f32(mask), base_cfg, entropy=f32(entropy))
+    loss, metrics = grpo_loss(f32(logp), f32(logq), None, f32(adv), f32(mask), cfg, entropy=f32(entropy))
+    # The bonus as a loss of its own: the hand loops with advantage 0 and no ratio term leave only -coef * H.
+    per_token = -coef * entropy * mask
+    if mode == "token-mean":
+        bonus = per_token.sum() / mask.sum()
+    elif mode == "sequence-mean-token-mean":
+        bonus = np.mean(per_token.sum(axis=1) / mask.sum(axis=1))
+    else:
+        bonus = per_token.sum() / (mask.shape[0] * 5)
+    assert float(loss) == pytest.approx(float(base) + bonus, rel=1e-5, abs=1e-6)
+    assert float(metrics["entropy"]) == pytest.approx(float(base_metrics["entropy"]))
+    g = np.asarray(jax.grad(lambda h: grpo_loss(f32(logp), f32(logq), None, f32(adv), f32(mask), cfg, entropy=h)[0])(
+        f32(entropy)))
+    assert np.all(g[mask == 0] == 0.0) and np.all(g[mask > 0] < 0.0)
+    # Without the coefficient the entropy is a metric only: no gradient.
+    g0 = jax.grad(lambda h: grpo_loss(f32(logp), f32(logq), None, f32(adv), f32(mask), base_cfg, entropy=h)[0])(
+        f32(entropy))
+    assert np.all(np.asarray(g0) == 0.0)
+
+
+def test_entropy_bonus_steps_on_a_batch_without_reward_spread(tiny):
+    """Every group's rewards equal: no advantage, so plain GRPO takes no optimizer step; with the entropy bonus
+    every row has a gradient (nothing is skipped) and the steps raise the policy's entropy on the loss tokens."""
+    _, module, params = tiny
+    tokens, mask, logq, _ = _synthetic_batch(seed=4, batch=8)
+    rewards = jnp.ones(8, jnp.float32)
+    opt = optax.sgd(1.0)
+
+    def mean_entropy(p):
+        _, ent = policy_logprobs(module, p, tokens, with_entropy=True)
+        return float(jnp.sum(ent * mask) / jnp.sum(mask))
+
+    out = {}
+    for coef in (0.0, 0.5):
+        cfg = GrpoConfig(num_minibatches=2, grad_accum_steps=2, entropy_coef=coef)
+        p = _copy(params)
+        out[coef] = make_grpo_update(module, opt, cfg, group_size=4, temperature=1.0)(
+            p, opt.init(p), tokens, mask, logq, rewards, jax.random.PRNGKey(2))
+    assert float(out[0.0][2]["optimizer_steps"]) == 0
+    assert float(out[0.5][2]["optimizer_steps"]) == 2
+    assert mean_entropy(out[0.5][0]) > mean_entropy(params) + 1e-3
 
 
 def test_loss_gradient_is_zero_off_the_mask(tiny):

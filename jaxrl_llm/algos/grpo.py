@@ -92,8 +92,15 @@ class GrpoConfig:
         its forward and backward pass (`lax.cond`); its gradient is the exact zero, and the optimizer step
         is the same. The params come out as without skipping (up to float summation order); the per-token
         metrics (clip fractions, ratio, entropy) are then means over the computed rows. Use
-        grad_accum_steps > 1 for a finer granularity. Ignored when beta > 0 (the KL term has a gradient
-        on every row).
+        grad_accum_steps > 1 for a finer granularity. Ignored when beta > 0 or entropy_coef > 0 (the KL
+        term and the entropy bonus have a gradient on every row).
+    entropy_coef: an entropy bonus (>= 0; 0 = off, the default): each loss token's loss gets
+        - entropy_coef * H, H the entropy of the policy's distribution for that token (the logits divided by
+        the sampler's temperature; under constrained replies over the allowed set, so a forced token has
+        H = 0), aggregated like the rest of the loss. Against the collapse of the sampled decisions' entropy,
+        which ends exploration: every group's replies become the same and carry no reward spread. On
+        unconstrained replies it also raises the entropy of the format tokens: keep it small there, or use
+        constrained replies or loss_on = "decision".
     length_buckets: the update runs each micro-batch (and the reference / metric forwards, chunk by chunk)
         over the shortest of `length_buckets` static lengths (`bucket_lengths`: multiples of L / n rounded
         up to 8, the last L) that holds its longest real row (the last loss token + 1), chosen with
@@ -156,6 +163,7 @@ class GrpoConfig:
     step_discount: float = 0.95
     estimator: str = "grpo"
     policy_change_rows: int = 16
+    entropy_coef: float = 0.0
 
     def __post_init__(self):
         for name in ("num_minibatches", "passes", "grad_accum_steps"):
@@ -186,9 +194,15 @@ class GrpoConfig:
                               ("step_weight",), "GrpoConfig")
         check_choice(self, "estimator", ESTIMATORS)
         check_int(self, "policy_change_rows", 0)
+        check_float(self, "entropy_coef", low=0.0)
         if self.estimator == "rloo" and self.advantage == "step":
             raise ConfigError("'rloo' is an episode advantage, which advantage 'step' does not use (use "
                               "advantage 'episode' or 'mix', or estimator 'grpo')", ("estimator",), "GrpoConfig")
+
+    @property
+    def dense_gradient(self) -> bool:
+        """Whether every row has a gradient whatever its advantage (the KL term or the entropy bonus is on)."""
+        return self.beta > 0 or self.entropy_coef > 0
 
     @property
     def micro_batches(self) -> int:
@@ -267,7 +281,8 @@ def _loss_and_sums(policy_logprobs, sampler_logprobs, ref_logprobs, advantages, 
     """The loss with the normalisers given (so micro-batches can share their minibatch's), and metric sums.
 
     token_count: masked tokens of the whole minibatch ("token-mean"); num_rows: its rows (the other modes).
-    advantages: float32[B] (one per row) or float32[B, L] (one per token).
+    advantages: float32[B] (one per row) or float32[B, L] (one per token). entropy: float32[B, L] or None,
+    with its gradient (the bonus of `GrpoConfig.entropy_coef`; the metric sum takes none).
     Returns (loss scalar, dict of per-token sums over masked tokens, keys `_SUM_KEYS`).
     """
     mask = loss_mask.astype(jnp.float32)
@@ -285,6 +300,8 @@ def _loss_and_sums(policy_logprobs, sampler_logprobs, ref_logprobs, advantages, 
         diff = jnp.where(on, ref_logprobs.astype(jnp.float32) - policy_logprobs, 0.0)
         kl = jnp.exp(diff) - diff - 1.0
         per_token = per_token + config.beta * kl
+    if entropy is not None and config.entropy_coef > 0:
+        per_token = per_token - config.entropy_coef * entropy.astype(jnp.float32)
 
     keep = mask
     r_sg = jax.lax.stop_gradient(ratio)
@@ -328,8 +345,9 @@ def grpo_loss(
 
     Per token (m = 1):
         r = exp(logp - logq)
-        l = -min(r * A, clip(r, 1 - epsilon_low, 1 + epsilon_high) * A) + beta * kl
+        l = -min(r * A, clip(r, 1 - epsilon_low, 1 + epsilon_high) * A) + beta * kl - entropy_coef * H
         kl = exp(logref - logp) - (logref - logp) - 1          (k3 estimator; only when beta > 0 and ref given)
+        H: the given entropy (the bonus only when entropy_coef > 0 and entropy is given)
     Importance-ratio masking: k = m * [ratio_mask_low <= r <= ratio_mask_high] (each bound optional; the
     mask has no gradient). Masked-out tokens contribute 0 to the sums below, while the normalisers still
     count the trajectory's tokens (m): they are fixed by the data, not by the current policy.
@@ -368,7 +386,7 @@ def _micro_loss(module, config: GrpoConfig, temperature, slots: int, rows: int, 
     policy = p if frozen is None else lora.join(frozen, p, key)
     logits = slot_forward(module, config, temperature, choice_sets, policy, micro["tokens"][:, :bucket], micro["pos"],
                           kb, cut(micro["cset"]) if "cset" in micro else None)
-    entropy = logits_entropy(logits) if config.compute_entropy else None
+    entropy = logits_entropy(logits) if config.compute_entropy or config.entropy_coef > 0 else None
     adv = micro["adv"] if micro["adv"].ndim == 1 else cut(micro["adv"])
     loss, sums = _loss_and_sums(picked_logprobs(logits, cut(micro["target"])), cut(micro["sampler"]),
                                 cut(micro["ref"]) if "ref" in micro else None, adv, cut(micro["mask"]), config,
@@ -376,12 +394,12 @@ def _micro_loss(module, config: GrpoConfig, temperature, slots: int, rows: int, 
     return loss, {**sums, **decision_sums(logits, micro, kb, choice_tokens)}
 
 
-def _update_data(config: GrpoConfig, tokens, loss_mask, sampler_logprobs, advantages, use_ref: bool,
+def _update_data(config: GrpoConfig, tokens, loss_mask, sampler_logprobs, advantages, dense_gradient: bool,
                  decision_mask=None, choice_legal=None, choice_set=None) -> tuple[dict, int]:
     """The rows the generic update walks -> (data, K): tokens int32[B, L]; at the K slots (`slot_layout`)
     pos, target, mask, sampler, and cset / decision / legal when given ([B, K]); adv float32[B] or [B, K];
-    need (`real_lengths`) and signal (a row with an advantage != 0 on a loss token; every row when the KL
-    term is on, since it has a gradient everywhere)."""
+    need (`real_lengths`) and signal (a row with an advantage != 0 on a loss token; every row when
+    dense_gradient: the KL term or the entropy bonus has a gradient everywhere)."""
     positions, valid, slots = slot_layout(config, loss_mask)
     at = functools.partial(at_slots, config, positions)
     slot_mask = at(loss_mask) * valid
@@ -389,7 +407,7 @@ def _update_data(config: GrpoConfig, tokens, loss_mask, sampler_logprobs, advant
     adv_2d = adv[:, None] if adv.ndim == 1 else adv
     signal = jnp.any((adv_2d != 0) & (slot_mask > 0), axis=1)
     data = {"tokens": tokens, "pos": positions, "target": at(tokens), "mask": slot_mask, "sampler": at(sampler_logprobs),
-            "adv": adv, "need": real_lengths(loss_mask), "signal": jnp.ones_like(signal) if use_ref else signal}
+            "adv": adv, "need": real_lengths(loss_mask), "signal": jnp.ones_like(signal) if dense_gradient else signal}
     if choice_set is not None:  # the allowed set of each slot's token (-1: the whole vocabulary)
         data["cset"] = at(choice_set)
     if decision_mask is not None:  # the decision metrics' sums ride along the training forwards
@@ -516,10 +534,11 @@ def grpo_update_step(
     if config.loss_on == "decision":
         loss_mask = loss_mask * decision_mask
     batch, length = tokens.shape
-    data, slots = _update_data(config, tokens, loss_mask, sampler_logprobs, advantages, use_ref, decision_mask,
-                               choice_legal, choice_set)
+    data, slots = _update_data(config, tokens, loss_mask, sampler_logprobs, advantages, config.dense_gradient,
+                               decision_mask, choice_legal, choice_set)
     schedule = UpdateSchedule(bucket_lengths(length, config.length_buckets), config.num_minibatches, config.passes,
-                              config.grad_accum_steps, config.shuffle, config.skip_zero_advantage and not use_ref)
+                              config.grad_accum_steps, config.shuffle,
+                              config.skip_zero_advantage and not config.dense_gradient)
     no_grad_logprobs = functools.partial(_bucketed_logprobs, module, config, temperature, slots, choice_sets,
                                          data=data, buckets=schedule.buckets)
 

@@ -1,9 +1,9 @@
 """The committed models of the CPU experiments reproduce the after-RL rows of their committed results tables.
 
-Each entry is (folder under experiments/checkpoints, its preset, its results folder under experiments/results):
-the model is evaluated as the experiment evaluates it (the preset's `[eval]`: its settings in order, its number
-of games, its seed, greedy), and every "after RL vs <setting>" row of `results.md` must come out the same, to
-the 0.1 % the table shows. The Tic-Tac-Toe CPU model has its own, stricter test (tests/test_golden.py).
+Each entry is (folder under experiments/checkpoints, its preset, its results table under experiments/results:
+the experiment's `results.md`, or a folder holding it): the model is evaluated as the experiment evaluates it
+(the preset's `[eval]`: its settings in order, its number of games, its seed, greedy), and every
+"after RL vs <setting>" row of that table must come out the same, to the 0.1 % the table shows. The Tic-Tac-Toe CPU model has its own, stricter test (tests/test_golden.py).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ COMMITTED = [
     ("cpu_exploit", "cpu_exploit.toml", "cpu_exploit"),
     ("cpu_from_reward", "cpu_from_reward.toml", "cpu_from_reward"),
     ("seed_recipe", "seed_recipe.toml", "seed_recipe"),
+    ("arithmetic_rl", "arithmetic_rl.toml", "arithmetic_rl_run6/experiment_results.md"),
 ]
 
 
@@ -42,6 +43,7 @@ def test_committed_model_reproduces_its_after_rl_rows(name, preset, results):
     summaries = evaluate(comp, params)
     rows = [{"model": f"after RL vs {setting}", **summary} for setting, summary in summaries.items()]
     got = table_rows(format_results_table(rows, comp.env.results_columns), "after RL")
-    want = table_rows((ROOT / "experiments" / "results" / results / "results.md").read_text(), "after RL")
+    table = ROOT / "experiments" / "results" / results
+    want = table_rows((table if table.suffix == ".md" else table / "results.md").read_text(), "after RL")
     assert set(want) == {f"after RL vs {s}" for s in config.eval.settings}
     assert got == want

@@ -184,3 +184,17 @@ def test_checkpoint_flag_on_a_folder_without_a_checkpoint_is_an_error(tmp_path):
         check_checkpoint(config, tmp_path / "empty")
     with pytest.raises(CheckpointNotFoundError, match="no such folder"):
         check_checkpoint(config, tmp_path / "nowhere")
+
+
+def test_a_non_finite_step_is_a_named_error_before_its_weights_are_kept():
+    """`check_finite_step` (called by the SFT and GRPO loops on each step's host metrics, before the step's
+    params replace the state): a NaN or infinite loss or gradient norm names the step, the values and the fix;
+    finite ones and rows without those keys pass."""
+    from jaxrl_llm.train.loop import NonFiniteLossError, check_finite_step
+
+    check_finite_step({"loss": 0.3, "grad_norm": 1.2, "decision_policy_change": float("nan")}, "GRPO", 4, "fix")
+    check_finite_step({"reward_mean": 0.5}, "GRPO", 4, "fix")
+    with pytest.raises(NonFiniteLossError, match=r"GRPO step 7: loss = nan, grad_norm = inf\. .*Lower the rate"):
+        check_finite_step({"loss": float("nan"), "grad_norm": float("inf")}, "GRPO", 7, "Lower the rate.")
+    with pytest.raises(FloatingPointError, match="SFT step 2: grad_norm = nan"):
+        check_finite_step({"loss": 1.0, "grad_norm": float("nan")}, "SFT", 2, "")

@@ -285,6 +285,19 @@ def test_entropy_bonus_is_the_loss_minus_the_aggregated_entropy(mode):
     assert np.all(np.asarray(g0) == 0.0)
 
 
+def test_entropy_of_restricted_logits_has_a_finite_gradient():
+    """Constrained replies restrict the logits to the allowed set with -inf elsewhere: the entropy is that of
+    the allowed tokens alone, and its gradient is finite (0 on the -inf logits), so an entropy bonus cannot
+    turn the update's gradient into NaN."""
+    logits = jnp.asarray([[0.3, -jnp.inf, 1.1, -jnp.inf, -0.4], [-jnp.inf, -jnp.inf, 2.0, -jnp.inf, -jnp.inf]])
+    allowed = np.asarray([[0.3, 1.1, -0.4]], np.float64)
+    p = np.exp(allowed - np.log(np.exp(allowed).sum()))
+    ent = np.asarray(grpo.logits_entropy(logits))
+    np.testing.assert_allclose(ent, [-(p * np.log(p)).sum(), 0.0], atol=1e-6)
+    g = np.asarray(jax.grad(lambda z: jnp.sum(grpo.logits_entropy(z)))(logits))
+    assert np.all(np.isfinite(g)) and np.all(g[~np.isfinite(np.asarray(logits))] == 0.0)
+
+
 def test_entropy_bonus_steps_on_a_batch_without_reward_spread(tiny):
     """Every group's rewards equal: no advantage, so plain GRPO takes no optimizer step; with the entropy bonus
     every row has a gradient (nothing is skipped) and the steps raise the policy's entropy on the loss tokens."""

@@ -37,10 +37,7 @@ def token_entropy(logits: jax.Array) -> jax.Array:
 
     out[:, t] = H(softmax(logits[:, t - 1])) for t >= 1 and out[:, 0] = 0 (aligned like `token_logprobs`).
     """
-    logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
-    p = jnp.exp(logp)
-    ent = -jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1)
-    return jnp.pad(ent, ((0, 0), (1, 0)))
+    return jnp.pad(logits_entropy(logits[:, :-1].astype(jnp.float32)), ((0, 0), (1, 0)))
 
 
 def policy_logprobs(module, params, tokens: jax.Array, temperature: float = 1.0, with_entropy: bool = False):
@@ -92,10 +89,13 @@ def picked_logprobs(logits: jax.Array, targets: jax.Array) -> jax.Array:
 
 
 def logits_entropy(logits: jax.Array) -> jax.Array:
-    """Entropy of softmax(logits) over the last axis: float32[..., V] -> float32[...]."""
+    """Entropy of softmax(logits) over the last axis: float32[..., V] -> float32[...].
+
+    Logits of -inf (a token outside a constrained reply's allowed set) count 0, and so does their gradient:
+    the log-prob is replaced by 0 where it is not finite before the product (p * log p with p = 0 and
+    log p = -inf would be NaN, and a `where` after it still lets that NaN into the gradient)."""
     logp = jax.nn.log_softmax(logits, axis=-1)
-    p = jnp.exp(logp)
-    return -jnp.sum(jnp.where(p > 0, p * logp, 0.0), axis=-1)
+    return -jnp.sum(jnp.exp(logp) * jnp.where(jnp.isfinite(logp), logp, 0.0), axis=-1)
 
 
 def slot_layout(config: GrpoConfig, loss_mask: jax.Array) -> tuple[jax.Array, jax.Array, int]:

@@ -35,7 +35,7 @@ from jaxrl_llm.train.evaluate import GENERIC_SUMMARY
 from jaxrl_llm.train.events import EventHook, no_events
 from jaxrl_llm.train.keys import stream
 from jaxrl_llm.train.loop import (  # noqa: F401  (placed_like_outputs, refuse_existing_run: their old home)
-    Loop, RunLog, TrainState, checkpoint_target, periodic_eval, placed_like_outputs, refuse_existing_run,
+    Loop, RunLog, TrainState, check_finite_step, checkpoint_target, periodic_eval, placed_like_outputs, refuse_existing_run,
     restore_state, run_loop, save_state,
 )
 from models import lora
@@ -295,6 +295,9 @@ def _run_stage(config: ExperimentConfig, comp: Components, state: TrainState, re
         metrics = jax.device_get(metrics)
         dt = time.perf_counter() - t0
         record = {k: float(v) for k, v in metrics.items()}  # learning_rate: the mean rate applied
+        check_finite_step(record, "GRPO", state.step + 1,
+                          f"Lower [grpo.optim] learning_rate (stage {stage}: {s.optim.learning_rate}) or raise "
+                          "its eps, and check the run's samples for broken replies.")
         record.update(stage=stage, step_time=dt, games_per_s=s.batch_size / dt,
                       tokens_per_s=record["total_tokens"] / dt, sampled_tokens_per_s=record["sampled_tokens"] / dt,
                       temperature=s.sampling.temperature)

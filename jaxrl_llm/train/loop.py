@@ -12,6 +12,7 @@ entry point (`grpo_loop.train_grpo`, `sft_loop.run_sft`) around its whole run.
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -141,6 +142,22 @@ class Loop:
     point: str
     step: StepFn
     after: Sequence[AfterFn] = ()
+
+
+class NonFiniteLossError(FloatingPointError):
+    """A training step's loss or gradient norm was NaN or infinite: its weights are not kept."""
+
+
+def check_finite_step(record: dict, what: str, step: int, fix: str) -> None:
+    """Raise `NonFiniteLossError` when the step's `loss` or `grad_norm` (in `record`, host floats) is not
+    finite, before its params replace the state: no checkpoint then holds the broken weights, and the run
+    resumes from its last good one. `what`: "SFT" or "GRPO"; step: the step's number (1-based); fix: what to
+    change."""
+    bad = {k: record[k] for k in ("loss", "grad_norm") if k in record and not math.isfinite(record[k])}
+    if bad:
+        shown = ", ".join(f"{k} = {v}" for k, v in bad.items())
+        raise NonFiniteLossError(f"{what} step {step}: {shown}. The step's weights are dropped and nothing after "
+                                 f"the last checkpoint is saved. {fix}")
 
 
 def run_loop(state: TrainState, stop: int, loop: Loop, run: RunLog | None = None,

@@ -24,7 +24,7 @@ from jaxrl_llm.train.components import (Components, base_params, build, fresh_tr
                                         sft_dir)
 from jaxrl_llm.train.events import EventHook, no_events
 from jaxrl_llm.train.keys import stream
-from jaxrl_llm.train.loop import Loop, RunLog, TrainState, run_loop
+from jaxrl_llm.train.loop import Loop, RunLog, TrainState, check_finite_step, run_loop
 from models import lora
 
 
@@ -140,6 +140,8 @@ def _sft_step(module, tokenizer, config: SftConfig, optimizer, key: jax.Array, f
         params, opt_state, metrics = step_fn(state.params, state.opt_state, jnp.asarray(data["tokens"][idx]),
                                              jnp.asarray(data["loss_mask"][idx]), frozen, drop_key, **extra)
         record = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        check_finite_step(record, "SFT", s + 1, f"Lower [sft.optim] learning_rate ({config.optim.learning_rate}) "
+                          "or add warmup_steps, and check the data for rows without a loss token.")
         if not has_legal:
             for name in ("decision_loss_floor", "illegal_prob", "choice_entropy"):
                 record.pop(name, None)

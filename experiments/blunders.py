@@ -113,7 +113,8 @@ def main(argv=None) -> dict:
     for kind in ("missed win", "missed block", "fork allowed / other", "invalid"):
         print(f"| {kind} | {kinds[kind]} |")
     print("| by model move | " + " | ".join(f"{t}: {turns[t]}" for t in sorted(turns)) + " |")
-    summary = {"games": len(records), "lost": lost, "kinds": dict(kinds), "by_move": {str(t): n for t, n in sorted(turns.items())}}
+    summary = {"games": len(records), "lost": lost, "kinds": dict(kinds),
+               "by_move": {str(t): n for t, n in sorted(turns.items())}}
     print(json.dumps(summary))
     return summary
 

@@ -407,7 +407,8 @@ def _update_data(config: GrpoConfig, tokens, loss_mask, sampler_logprobs, advant
     adv_2d = adv[:, None] if adv.ndim == 1 else adv
     signal = jnp.any((adv_2d != 0) & (slot_mask > 0), axis=1)
     data = {"tokens": tokens, "pos": positions, "target": at(tokens), "mask": slot_mask, "sampler": at(sampler_logprobs),
-            "adv": adv, "need": real_lengths(loss_mask), "signal": jnp.ones_like(signal) if dense_gradient else signal}
+            "adv": adv, "need": real_lengths(loss_mask),
+            "signal": jnp.ones_like(signal) if dense_gradient else signal}
     if choice_set is not None:  # the allowed set of each slot's token (-1: the whole vocabulary)
         data["cset"] = at(choice_set)
     if decision_mask is not None:  # the decision metrics' sums ride along the training forwards

@@ -35,8 +35,8 @@ from jaxrl_llm.train.evaluate import GENERIC_SUMMARY
 from jaxrl_llm.train.events import EventHook, no_events
 from jaxrl_llm.train.keys import stream
 from jaxrl_llm.train.loop import (  # noqa: F401  (placed_like_outputs, refuse_existing_run: their old home)
-    Loop, RunLog, TrainState, check_finite_step, checkpoint_target, periodic_eval, placed_like_outputs, refuse_existing_run,
-    restore_state, run_loop, save_state,
+    Loop, RunLog, TrainState, check_finite_step, checkpoint_target, periodic_eval, placed_like_outputs,
+    refuse_existing_run, restore_state, run_loop, save_state,
 )
 from models import lora
 

@@ -23,9 +23,11 @@ from jaxrl_llm.train.evaluate import evaluate, exactness_check
 from jaxrl_llm.train.grpo_loop import time_stage_rollout, train_grpo
 from jaxrl_llm.train.sft_loop import run_sft
 
-SFT_CURVES = ("loss", "accuracy", "check_exact", "learning_rate")
+SFT_CURVES = ("loss", "accuracy", "decision_loss", "decision_loss_floor", "illegal_prob", "check_exact",
+              "learning_rate")
 GRPO_CURVES = ("reward_mean", "reward_std", "{env}", "format_rate", "{examples}", "frac_zero_std_groups", "entropy",
-               "grad_norm", "step_time")
+               "decision_entropy", "illegal_choice_prob", "decision_policy_change", "learning_rate", "grad_norm",
+               "step_time")
 
 
 def run_experiment(config) -> dict:

@@ -198,3 +198,22 @@ def test_a_non_finite_step_is_a_named_error_before_its_weights_are_kept():
         check_finite_step({"loss": float("nan"), "grad_norm": float("inf")}, "GRPO", 7, "Lower the rate.")
     with pytest.raises(FloatingPointError, match="SFT step 2: grad_norm = nan"):
         check_finite_step({"loss": 1.0, "grad_norm": float("nan")}, "SFT", 2, "")
+
+
+def test_the_cli_reports_a_non_finite_step_in_one_line(monkeypatch, capsys):
+    """`jaxrl-llm train` whose step goes NaN: the named error on one line, exit status 2 (a fixable error)."""
+    import importlib
+
+    from jaxrl_llm.train.loop import NonFiniteLossError, check_finite_step
+
+    cli = importlib.import_module("jaxrl_llm.cli.main")  # the module (the package exports its `main` function)
+
+    def nan_train(args):
+        check_finite_step({"loss": float("nan")}, "GRPO", 3, "Lower [grpo.optim] learning_rate.")
+        return 0
+
+    monkeypatch.setattr(cli, "cmd_train", nan_train)
+    assert cli.main(["train", str(ROOT / "experiments" / "presets" / "tiny_test.toml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jaxrl-llm train: GRPO step 3: loss = nan.") and err.count("\n") == 1
+    assert issubclass(NonFiniteLossError, FloatingPointError)

@@ -357,12 +357,13 @@ def main(argv: list[str] | None = None) -> int:
     checkpoints that do not fit, a locked or existing run, a full disk) print one clear line and exit 2."""
     args = build_parser().parse_args(argv)
     from jaxrl_llm.checkpoint import CheckpointDamagedError, CheckpointMismatchError  # lazy: jax (fast --help)
+    from jaxrl_llm.train.loop import NonFiniteLossError  # lazy: jax (fast --help)
     from models.hf import HfCheckpointError  # lazy: jax (fast --help)
 
     try:
         return args.func(args)
     except (ConfigError, OSError, CheckpointMismatchError, CheckpointDamagedError, RunLockedError,
-            HfCheckpointError) as error:
+            HfCheckpointError, NonFiniteLossError) as error:
         print(f"jaxrl-llm {args.command}: {error}", file=sys.stderr)
         return 2
 

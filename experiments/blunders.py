@@ -18,28 +18,31 @@ import json
 import re
 from collections import Counter
 
-LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
+import numpy as np
+
+from envs.tictactoe import rules
+from envs.tictactoe.minimax import minimax_value
+
+MARKS = {".": rules.EMPTY, "X": rules.X, "O": rules.O}
+
+
+def _cells(board: tuple) -> np.ndarray:
+    return np.asarray([MARKS[v] for v in board], np.int8)
 
 
 def winner(board: tuple) -> str | None:
-    for a, b, c in LINES:
-        if board[a] != "." and board[a] == board[b] == board[c]:
-            return board[a]
-    return None
+    """The mark ("X" or "O") when it has three in a row (the env's `rules.winner`), else None."""
+    return {rules.X: "X", rules.O: "O"}.get(int(rules.winner(_cells(board))))
 
 
 @functools.lru_cache(maxsize=None)
 def value(board: tuple, to_move: str) -> int:
-    """Exact game value for X: +1 X wins, 0 draw, -1 O wins, with `to_move` to play."""
+    """Exact game value for X: +1 X wins, 0 draw, -1 O wins, with `to_move` to play (the env's minimax table)."""
     w = winner(board)
     if w is not None:
         return 1 if w == "X" else -1
-    free = [i for i, v in enumerate(board) if v == "."]
-    if not free:
-        return 0
-    other = "O" if to_move == "X" else "X"
-    vals = [value(board[:i] + (to_move,) + board[i + 1:], other) for i in free]
-    return max(vals) if to_move == "X" else min(vals)
+    v = int(minimax_value(_cells(board), rules.X if to_move == "X" else rules.O))
+    return v if to_move == "X" else -v
 
 
 def place(board: tuple, cell: int, mark: str) -> tuple:

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from envs.core import Env, Episode, ParsedReply, ReplyGrammar, RubricPart, hash_leaves
-from jaxrl_llm.checks import ConfigError, check_float, check_probability
+from jaxrl_base.checks import ConfigError, check_float, check_probability
 
 RUBRIC_VALUES = ("win_value", "draw_value", "loss_value")
 RUBRIC_WEIGHTS = ("win_weight", "format_weight", "invalid_weight")

@@ -33,7 +33,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxrl_llm.checks import ConfigError, check_float, check_int
+from jaxrl_base.checks import ConfigError, check_float, check_int
 
 # target name -> (operator module, Dense module) inside a decoder layer `layers_{i}`
 TARGETS: dict[str, tuple[str, str]] = {

@@ -44,7 +44,7 @@ import numpy as np
 from envs.arithmetic import task, text
 from envs.arithmetic.teacher import Teacher, check_levels
 from envs.core import Env, Episode, EvalSetting, ParsedReply, ReplyGrammar, RubricPart
-from jaxrl_llm.checks import check_choice, check_float
+from jaxrl_base.checks import check_choice, check_float
 
 
 class Example(NamedTuple):

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from envs.arithmetic import task, text
-from jaxrl_llm.checks import ConfigError, check_choice, check_int
+from jaxrl_base.checks import ConfigError, check_choice, check_int
 
 WORK_STYLES = ("reversed", "none")
 CHECK_SEED = 20_240_601  # the check problems' key: fixed, so every run checks on the same problems

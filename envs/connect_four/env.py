@@ -29,7 +29,7 @@ from envs.connect_four.teacher import Teacher
 from envs import board_game
 from envs.board_game import BoardGameEnv
 from envs.core import EvalSetting, ParsedReply, ReplyGrammar
-from jaxrl_llm.checks import ConfigError, check_choice, check_int
+from jaxrl_base.checks import ConfigError, check_choice, check_int
 
 
 class Example(NamedTuple):

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from envs.connect_four import game, text
-from jaxrl_llm.checks import ConfigError, check_int, check_probability
+from jaxrl_base.checks import ConfigError, check_int, check_probability
 
 MAX_MODEL_MOVES = 21  # X makes at most 21 moves (42 cells)
 _SALT_TEACHER = 7

@@ -5,8 +5,8 @@
     env = ttt.TicTacToe(ttt.Params(prompt="tiny"))                      # the protocol env (envs/tictactoe/env.py)
 
 Parts: `game` (rules, minimax table, opponent, seeds), `text` (prompt presets, message slots), `teacher`
-(minimax teachers for SFT data), `env` (the `envs.core.Env` that binds them), `baselines` (reference
-players in the evaluation setting).
+(minimax teachers for SFT data), `env` (the `envs.core.Env` that binds them). The reference players in the
+evaluation setting are a script: `python experiments/baselines.py`.
 """
 
 from envs.tictactoe.game import *  # noqa: F401,F403

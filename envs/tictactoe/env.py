@@ -27,7 +27,7 @@ from envs.board_game import BoardGameEnv
 from envs.core import EvalSetting, ParsedReply, ReplyGrammar
 from envs.tictactoe import game, text
 from envs.tictactoe.teacher import Teacher
-from jaxrl_llm.checks import check_choice
+from jaxrl_base.checks import check_choice
 
 
 class Example(NamedTuple):

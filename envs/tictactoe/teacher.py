@@ -41,7 +41,7 @@ from envs.tictactoe.rows import REASONING_STYLES, expert_rows, position_rows
 from envs.tictactoe.teachers import *  # noqa: F401,F403
 from envs.tictactoe.teachers import DETERMINISTIC_TEACHERS, TEACHERS
 from envs.tictactoe.tree import *  # noqa: F401,F403
-from jaxrl_llm.checks import ConfigError, check_choice, check_int, check_probability
+from jaxrl_base.checks import ConfigError, check_choice, check_int, check_probability
 
 LAYOUTS = ("games", "positions")  # a row: a whole game, or one reply to one position
 

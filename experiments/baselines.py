@@ -1,6 +1,6 @@
 """Baseline players in the evaluation's setting (1 000 games per opponent, first mover from the seed).
 
-    python -m envs.tictactoe.baselines [--games 1000] [--seed 0]
+    python experiments/baselines.py [--games 1000] [--seed 0]
 
 Players: a uniformly random legal mover, the minimax player drawing uniformly among optimal moves, and the
 `best` teacher (optimal moves, the one that wins most often against the random opponent). They play on

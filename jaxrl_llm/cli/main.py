@@ -197,7 +197,7 @@ def check_export_folder(config, out: str, checkpoint: str | None, force: bool) -
         shown = ", ".join(present[:5]) + (" ..." if len(present) > 5 else "")
         raise FileExistsError(f"--out {out} is not empty (it holds {shown}): choose a new or empty folder, or pass "
                               "--force to replace only the files an export writes (config.json, model.safetensors, "
-                              "the tokenizer's files, jaxrl_llm_env.json) and keep everything else")
+                              "the tokenizer's files, jaxrl_llm_env.json, reply_grammar.json) and keep everything else")
     if "model.safetensors.index.json" in present:
         raise FileExistsError(f"--out {out} holds model.safetensors.index.json (a sharded checkpoint), which loaders "
                               "read before the exported model.safetensors; choose another folder or remove the "
@@ -206,19 +206,24 @@ def check_export_folder(config, out: str, checkpoint: str | None, force: bool) -
 
 
 def export_policy(comp, params, config, folder: Path) -> list[str]:
-    """Writes the HF checkpoint, the tokenizer and the env record into a staging folder beside `folder`, then
+    """Writes the HF checkpoint, the tokenizer, the env record and the reply grammar (`export_grammar`: the
+    regex beside the weights; a grammar with none is refused first) into a staging folder beside `folder`, then
     moves each file into `folder` (created if needed): files of other names there are left as they are.
     Returns the names written."""
+    from jaxrl_llm.export_grammar import grammar_record, write_reply_grammar  # lazy: jax (fast --help)
     from jaxrl_llm.train import ENV_FILE, env_record  # lazy: jax (fast --help)
     from jaxrl_llm.train.components import merged_params  # lazy: jax (fast --help)
     from models.hf import save_hf  # lazy: jax (fast --help)
 
+    grammar = comp.env.reply_grammar(comp.env.params)
+    grammar_record(grammar, config.env.name)  # a grammar with no regex is refused before anything is written
     folder.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{folder.name}.export-", dir=folder.parent))
     try:
         staged = Path(save_hf(comp.lfm2, merged_params(comp, params), stage / "export"))  # LoRA: merged
         comp.tokenizer.save_pretrained(staged)
         (staged / ENV_FILE).write_text(json.dumps(env_record(config), indent=1) + "\n")
+        write_reply_grammar(staged, grammar, config.env.name)  # the reply regex for structured generation
         folder.mkdir(exist_ok=True)
         names = sorted(p.name for p in staged.iterdir())
         for name in names:
@@ -236,7 +241,8 @@ def cmd_export(args) -> int:
     comp = build(config)
     params = policy_params(config, comp, args.checkpoint)
     names = export_policy(comp, params, config, folder)
-    print(f"exported a transformers LFM2 checkpoint with its tokenizer to {folder} ({', '.join(names)})")
+    print(f"exported a transformers LFM2 checkpoint with its tokenizer and reply grammar to {folder} "
+          f"({', '.join(names)})")
     return 0
 
 

@@ -40,6 +40,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jaxrl_llm import distributed
+
 __all__ = [
     "Checkpointer",
     "CheckpointNotFoundError",
@@ -101,10 +103,11 @@ def _keys_to_data(tree: Any) -> Any:
 def _abstract(x: Any) -> jax.ShapeDtypeStruct:
     """An array or ShapeDtypeStruct -> ShapeDtypeStruct (key leaves as their uint32 data)."""
     if _is_key(x):
-        return jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(x.shape, x.dtype))
+        data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(x.shape, x.dtype))
+        return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=distributed.default_sharding())
     sharding = getattr(x, "sharding", None)
     if not isinstance(sharding, jax.sharding.Sharding):
-        sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        sharding = distributed.default_sharding()  # multi-host: replicated, not on process 0's first device
     return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding)
 
 
@@ -126,7 +129,7 @@ def _flatten_metadata(tree: Any, prefix: tuple[str, ...] = ()) -> dict[str, Any]
 
 def _unflatten_metadata(tree: Any) -> Any:
     """Orbax's metadata tree -> the same tree of ShapeDtypeStructs on the first device (None nodes kept)."""
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    device = distributed.default_sharding()
     if tree is None:
         return None
     if isinstance(tree, Mapping):
@@ -247,7 +250,7 @@ class Checkpointer:
             create=not read_only,
             cleanup_tmp_directories=not read_only,
         )
-        if not read_only and self.directory.is_dir():
+        if not read_only and self.directory.is_dir() and distributed.is_writer():  # multi-host: process 0 alone
             _remove_partial_saves(self.directory)
         handlers = {STATE: ocp.PyTreeCheckpointHandler(), META: ocp.JsonCheckpointHandler()}
         try:
@@ -310,9 +313,12 @@ class Checkpointer:
         kept = (f"the last committed checkpoint, step {good}, is kept: after fixing the cause, run the same "
                 f"command again to resume from it" if good is not None else "no earlier checkpoint exists here")
         what = f"step {step}" if step is not None else "a checkpoint"
+        # Only a filesystem error is the disk's: any other cause (e.g. an array Orbax cannot write) is named as is.
+        fix = ("Free disk space or make the folder writable" if errno_ or isinstance(error, OSError) else
+               "The cause is the state itself, not the disk or the folder")
         return CheckpointWriteError(errno_ or 0, f"could not write {what} to {str(self.directory)!r}"
-                                    f"{f' ({cause})' if cause else ''}: {type(error).__name__}: {text}. Free disk "
-                                    f"space or make the folder writable; {kept}", str(self.directory))
+                                    f"{f' ({cause})' if cause else ''}: {type(error).__name__}: {text}. {fix}; "
+                                    f"{kept}", str(self.directory))
 
     # ---- steps ----
     def all_steps(self) -> list[int]:
@@ -347,7 +353,8 @@ class Checkpointer:
             raise ValueError(f"Checkpointer({str(self.directory)!r}) was opened read_only: it does not save")
         meta = {"format": FORMAT, "step": int(step), "metadata": _jsonable(dict(metadata or {})),
                 **self._config_meta(config)}
-        args = ocp.args.Composite(**{STATE: ocp.args.PyTreeSave(_keys_to_data(state)), META: ocp.args.JsonSave(meta)})
+        state = distributed.replicated(_keys_to_data(state))  # multi-host: every leaf a global array (a joint save)
+        args = ocp.args.Composite(**{STATE: ocp.args.PyTreeSave(state), META: ocp.args.JsonSave(meta)})
         try:
             started = bool(self._manager.save(int(step), args=args, force=force))
         except ocp.checkpoint_manager.StepAlreadyExistsError:
@@ -488,8 +495,11 @@ class Checkpointer:
                     state = self.restore(step, target=at)
                 else:
                     state = self.restore_subtree(subtree, step, target=at)
+                error = None
             except CheckpointDamagedError as e:
-                damaged.append((step, e))
+                error = e
+            if not distributed.all_true(error is None):  # multi-host: every process resumes from the same step
+                damaged.append((step, error or self._damaged(step, "another process of the run could not read it")))
                 continue
             for bad, error in damaged:
                 where = f"; moved it to {str(self.move_aside(bad))!r}" if move_aside else ""
@@ -508,7 +518,9 @@ class Checkpointer:
         while dest.exists():
             n += 1
             dest = self.directory / f"{step}.damaged-{n}"
-        os.rename(source, dest)
+        if distributed.is_writer():  # multi-host: process 0 renames, the others wait for it
+            os.rename(source, dest)
+        distributed.all_true(True)
         self._manager.reload()
         return dest
 

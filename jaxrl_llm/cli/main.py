@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from jaxrl_llm.checks import ConfigError
+from jaxrl_llm.cli.launch import add_launch_flags, run_command
 from jaxrl_llm.log_sinks import close_sinks, open_sinks
 from jaxrl_llm.metrics import MetricsWriter, format_metric, format_results_table, metric_kind, plot_metrics
 from jaxrl_llm.run_lock import RunLockedError
@@ -90,10 +91,6 @@ def cmd_train(args) -> int:
 
     if args.plan:  # planning needs no checkpoint on disk: init_from may be a folder not downloaded yet
         return print_plan(load_config(args.config, args.set or (), check_paths=False))
-    if args.distributed:
-        import jax  # lazy: jax (fast --help)
-
-        jax.distributed.initialize()  # multi-host: coordinator and process ids from the cluster's environment
     config = _load(args)
     warning = fresh_start_warning(config)
     if warning:
@@ -324,13 +321,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--set", action="append", metavar="KEY=VALUE",
                        help="override a config value, e.g. --set grpo.0.learning_rate=3e-5 (repeatable)")
         p.set_defaults(func=func)
+        if name in ("experiment", "sft", "train", "eval"):
+            add_launch_flags(p)
         return p
 
     with_config("experiment", "the whole arc: SFT, GRPO stages, evaluation of base / SFT / RL models", cmd_experiment)
     with_config("sft", "SFT warm-up on expert games; saves <output_dir>/sft", cmd_sft)
     train = with_config("train", "GRPO stages (resumes from the last checkpoint)", cmd_train)
     train.add_argument("--stop-after", type=_positive_int, default=None, help="stop after this many global steps")
-    train.add_argument("--distributed", action="store_true", help="call jax.distributed.initialize() first (multi-host)")
     train.add_argument("--plan", action="store_true",
                        help="print the device-memory plan of the preset's GRPO stages and XLA's peak for a "
                             "scaled-down update compiled here, then exit without training")
@@ -362,6 +360,11 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `jaxrl-llm` script; the errors a user can fix (config, missing or damaged files,
     checkpoints that do not fit, a locked or existing run, a full disk) print one clear line and exit 2."""
     args = build_parser().parse_args(argv)
+    return run_command(args, _dispatch)  # as it is, or as one process of a multi-host run (`cli.launch`)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    """Runs the parsed command; a user's error prints one line and gives exit code 2."""
     from jaxrl_llm.checkpoint import CheckpointDamagedError, CheckpointMismatchError  # lazy: jax (fast --help)
     from jaxrl_llm.train.loop import NonFiniteLossError  # lazy: jax (fast --help)
     from models.hf import HfCheckpointError  # lazy: jax (fast --help)

@@ -40,6 +40,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jaxrl_base.errors import CheckpointError
+from jaxrl_base.finite import describe_non_finite, flat_names, non_finite
 from jaxrl_llm import distributed
 
 __all__ = [
@@ -48,6 +50,7 @@ __all__ = [
     "CheckpointMismatchError",
     "CheckpointDamagedError",
     "CheckpointWriteError",
+    "CheckpointNonFiniteError",
     "ConfigRecords",
     "restore_params_only",
     "partial_saves",
@@ -59,19 +62,23 @@ STATE, META = "state", "meta"
 TMP_MARKER = ".orbax-checkpoint-tmp"  # Orbax's suffix of a save in progress
 
 
-class CheckpointNotFoundError(FileNotFoundError):
+class CheckpointNotFoundError(FileNotFoundError, CheckpointError):
     """No checkpoint directory, or no (complete) checkpoint in it, or not the step asked for."""
 
 
-class CheckpointMismatchError(ValueError):
+class CheckpointMismatchError(CheckpointError):
     """The checkpoint does not fit the target state or the expected config; the message names the field."""
 
 
-class CheckpointDamagedError(ValueError):
+class CheckpointDamagedError(CheckpointError):
     """A committed step cannot be read (a truncated or deleted file); the message names the step and file."""
 
 
-class CheckpointWriteError(OSError):
+class CheckpointNonFiniteError(CheckpointError):
+    """A state to save holds NaN or infinite values: refused (nothing written); the message names the arrays."""
+
+
+class CheckpointWriteError(OSError, CheckpointError):
     """A save failed (disk full, unwritable folder); the message names the folder and the last good step."""
 
 
@@ -351,6 +358,11 @@ class Checkpointer:
         """
         if self.read_only:
             raise ValueError(f"Checkpointer({str(self.directory)!r}) was opened read_only: it does not save")
+        bad = non_finite(flat_names(state))
+        if bad:  # a checkpoint with broken weights would be resumed, evaluated or exported as if it were good
+            raise CheckpointNonFiniteError(
+                f"refusing to save step {step} to {str(self.directory)!r}: {len(bad)} array(s) hold NaN or infinite "
+                f"values ({describe_non_finite(bad)}); the checkpoints already there are kept")
         meta = {"format": FORMAT, "step": int(step), "metadata": _jsonable(dict(metadata or {})),
                 **self._config_meta(config)}
         state = distributed.replicated(_keys_to_data(state))  # multi-host: every leaf a global array (a joint save)
@@ -449,9 +461,13 @@ class Checkpointer:
         restore_args = ocp.checkpoint_utils.construct_restore_args(abstract)
         args = ocp.args.PyTreeRestore(item=abstract, restore_args=restore_args, partial_restore=partial)
         try:
-            return self._manager.restore(step, args=ocp.args.Composite(**{STATE: args}))[STATE]
+            restored = self._manager.restore(step, args=ocp.args.Composite(**{STATE: args}))[STATE]
         except Exception as e:  # a truncated or deleted array file (tensorstore: OUT_OF_RANGE, NOT_FOUND, ...)
             raise self._damaged(step, "reading its arrays failed", e) from None
+        bad = non_finite(flat_names(restored))
+        if bad:  # sound files, broken values: never evaluate, export or train on them
+            raise self._damaged(step, f"{len(bad)} array(s) hold NaN or infinite values: {describe_non_finite(bad)}")
+        return restored
 
     def restore_subtree(self, name: str = "params", step: int | None = None, target: Any = None) -> Any:
         """Restores only `state[name]` (e.g. the params, without reading the optimizer state)."""

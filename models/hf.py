@@ -25,12 +25,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxrl_base.errors import ModelError
+from jaxrl_base.finite import describe_non_finite, non_finite
 from models.lfm2 import Lfm2Cache, Lfm2Config, Lfm2ForCausalLM, init_cache
 
 _SINGLE = "model.safetensors"
 _INDEX = "model.safetensors.index.json"
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # non-persistent buffers some exporters write
-class HfCheckpointError(ValueError):
+class HfCheckpointError(ModelError):
     """A Hugging Face folder that cannot be loaded as it is (pickled or damaged weights, tensors that do not fit
     config.json); the message names the file or tensor, what is wrong and what to do."""
 
@@ -223,6 +225,12 @@ def params_from_hf(config: Lfm2Config, tensors: dict[str, Any], where: str = "ch
             f"{where} has unexpected tensor(s) {extra[:5]}{' ...' if len(extra) > 5 else ''} that "
             "Lfm2ForCausalLM with this config.json does not use: check num_hidden_layers, layer_types, conv_bias "
             "and tie_word_embeddings in config.json, or remove the extra tensors")
+    bad = non_finite({names[path]: tensors[names[path]] for path in expected})
+    if bad:
+        raise HfCheckpointError(
+            f"{where}: {len(bad)} tensor(s) hold NaN or infinite values: {describe_non_finite(bad)}. These weights "
+            "would give garbage (a diverged run, or a damaged file whose headers are sound); use an earlier "
+            "checkpoint or export it again")
     flat = {}
     for path, spec in expected.items():
         name, t = names[path], tensors[names[path]]
@@ -274,6 +282,10 @@ def params_to_hf(config: Lfm2Config, params: Any) -> dict[str, jax.Array]:
             raise ValueError(f"param {'/'.join(path)} has shape {tuple(a.shape)}, config implies "
                              f"{tuple(expected[path].shape)}")
         out[_hf_name(path)] = jnp.asarray(_to_hf(path, jnp.asarray(a)))
+    bad = non_finite(out)
+    if bad:
+        raise ModelError(f"refusing to write weights with NaN or infinite values: {describe_non_finite(bad)}; "
+                         "nothing was written. Export an earlier checkpoint of the run")
     return out
 
 

@@ -39,6 +39,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_base.errors import ModelError
+
 CONV = "conv"
 ATTENTION = "full_attention"
 LAYER_TYPES = (CONV, ATTENTION)
@@ -256,7 +258,7 @@ class Lfm2Config:
             raise ValueError(f"an LFM2 config must be a dict (config.json), got {type(d).__name__}")
         model_type = d.get("model_type", "lfm2")
         if model_type != "lfm2":
-            raise ValueError(
+            raise ModelError(
                 f"config.json has model_type {model_type!r}, not 'lfm2': this loader only reads LFM2 "
                 "text models (Lfm2ForCausalLM)")
         defaults = cls()
@@ -307,7 +309,12 @@ class Lfm2Config:
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{path} not found: an LFM2 checkpoint folder needs a config.json")
         with open(path) as f:
-            return cls.from_hf_dict(json.load(f), **overrides)
+            try:
+                data = json.load(f)
+            except json.JSONDecodeError as e:  # e.g. a copy or download cut short
+                raise ModelError(f"{path} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}): the file "
+                                 "is damaged or cut short; copy or download it again") from None
+        return cls.from_hf_dict(data, **overrides)
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The Hugging Face `config.json` dict that `transformers.Lfm2Config(**d)` reads back identically."""

@@ -1,0 +1,76 @@
+"""Which arrays of a pytree hold NaN or infinite values: the one check behind "non-finite values are refused
+where they enter" (weights loaded from a checkpoint or a Hugging Face folder, weights about to be saved or
+exported, an env's rewards and metrics).
+
+The counts are reduced where the arrays live (one small device -> host copy per floating leaf), so a large
+model is never copied to the host whole. Integer, boolean and key leaves are finite by construction.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["non_finite", "describe_non_finite"]
+
+
+def _floating(x: Any) -> bool:
+    dtype = getattr(x, "dtype", None)
+    if dtype is None:
+        return isinstance(x, float)
+    try:
+        return np.issubdtype(np.dtype(dtype), np.floating) or np.issubdtype(np.dtype(dtype), np.complexfloating)
+    except TypeError:  # extended dtypes (PRNG keys), bfloat16 where numpy does not know it
+        return "float" in str(dtype)
+
+
+def _counts(x: Any) -> tuple[int, int, int]:
+    """(NaN count, infinite count, size) of one array, reduced on its own device."""
+    if type(x).__module__.startswith(("jax", "jaxlib")):
+        import jax.numpy as jnp  # lazy: the envs' checks run on host values too
+
+        nan, inf = jnp.isnan(x).sum(), jnp.isinf(x).sum()
+        return int(nan), int(inf), int(np.prod(np.shape(x)))
+    a = np.asarray(x)
+    if a.dtype.kind not in "fc":
+        a = a.astype(np.float64)
+    return int(np.isnan(a).sum()), int(np.isinf(a).sum()), int(a.size)
+
+
+def non_finite(named: dict[str, Any]) -> dict[str, tuple[int, int, int]]:
+    """{name: (NaN count, infinite count, size)} of the floating arrays in `named` ({name: array}) that are
+    not all finite, in the order given."""
+    out = {}
+    for name, x in named.items():
+        if x is None or not _floating(x):
+            continue
+        nan, inf, size = _counts(x)
+        if nan or inf:
+            out[name] = (nan, inf, size)
+    return out
+
+
+def flat_names(tree: Any) -> dict[str, Any]:
+    """A pytree's leaves by their "/"-joined key path, e.g. {"params/layers_0/q_proj/kernel": array}."""
+    import jax  # lazy: only pytrees need it
+
+    def key(entry: Any) -> str:
+        for attr in ("key", "name", "idx"):
+            if hasattr(entry, attr):
+                return str(getattr(entry, attr))
+        return str(entry)
+
+    return {"/".join(key(e) for e in path): leaf for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def describe_non_finite(bad: dict[str, tuple[int, int, int]], limit: int = 3) -> str:
+    """The first `limit` entries of `non_finite`'s result as text: "'a' (4 NaN of 16), 'b' (1 inf of 8) and 2
+    more"."""
+    def one(name: str, counts: tuple[int, int, int]) -> str:
+        nan, inf, size = counts
+        what = " and ".join(t for t in (f"{nan} NaN" if nan else "", f"{inf} infinite" if inf else "") if t)
+        return f"{name!r} ({what} of {size})"
+
+    shown = ", ".join(one(n, c) for n, c in list(bad.items())[:limit])
+    return shown + (f" and {len(bad) - limit} more" if len(bad) > limit else "")

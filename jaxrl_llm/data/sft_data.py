@@ -14,6 +14,12 @@ a JSON Lines / JSON / Parquet file, a folder of Parquet or JSON files (a downloa
 dataset), or a TFDS folder written by `export_tfds`; only `prompt` and `completion` are required, other columns
 are kept as they are. Rows are made by an env's teacher (`env.demonstrations` with the env's `Teacher`).
 
+Checks on load (`DataError`, one line naming the file and the first bad record): every row, not a sample, must
+be a JSON object with `prompt` and `completion` lists of {role, content} messages whose role and content are
+strings. A JSON Lines file names the 1-based line (blank lines are allowed and skipped; they hold no row), a
+JSON list the 1-based item, Parquet files and `datasets` folders the 1-based row; an empty file or data set is
+named as empty. No row is skipped: a file loads whole or is refused.
+
 TFDS (optional, extra `tfds`): `export_tfds` writes the rows with a `tfds.core.GeneratorBasedBuilder` as
 `array_record` files; that path needs no TensorFlow (checked with tensorflow-datasets 4.9 and array-record 0.8).
 Messages are stored as sequences of {role, content} text features and `info` as JSON text; `load_tfds` reads them
@@ -26,9 +32,11 @@ import functools
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
+
+from jaxrl_base.errors import DataError
 
 TFDS_EXTRA_HINT = "pip install 'jaxrl_llm[tfds]'  (tensorflow-datasets and array-record; TensorFlow is not needed)"
 
@@ -46,24 +54,49 @@ def rows_to_dataset(rows: Sequence[dict]):
     rows = list(rows)
     for i, row in enumerate(rows):
         check_row(row, i)
-    return datasets.Dataset.from_list(rows)
+    try:
+        return datasets.Dataset.from_list(rows)
+    except Exception as e:  # noqa: BLE001 - Arrow cannot give one column two types (e.g. info a dict, then a list)
+        raise DataError(f"the rows cannot form one table: {type(e).__name__}: {str(e).splitlines()[0][:300]}; "
+                        "give each column (e.g. info) the same type in every row") from None
 
 
-def _check_messages(messages: Any, where: str) -> None:
+FORMAT_HINT = ("each row needs 'prompt' and 'completion': lists of {\"role\": str, \"content\": str} messages "
+               "(the conversational prompt/completion format)")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_messages(messages: Any, where: str, field: str) -> None:
     if not isinstance(messages, (list, tuple)):
-        raise ValueError(f"{where} must be a list of {{role, content}} messages, got {type(messages).__name__}")
+        raise DataError(f"{where}: {field!r} is {type(messages).__name__} {_short(messages)}, not a list of "
+                        "{role, content} messages")
     for j, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-            raise ValueError(f"{where}[{j}] must be a dict with string 'role' and 'content', got {m!r}")
+        if not isinstance(m, dict):
+            raise DataError(f"{where}: {field}[{j}] is {type(m).__name__} {_short(m)}, not a {{role, content}} "
+                            "message")
+        for key in ("role", "content"):
+            if key not in m:
+                raise DataError(f"{where}: {field}[{j}] has no {key!r} (keys: {sorted(m)}); {FORMAT_HINT}")
+            if not isinstance(m[key], str):
+                raise DataError(f"{where}: {field}[{j}].{key} is {type(m[key]).__name__} {_short(m[key])}, not a "
+                                "string")
 
 
-def check_row(row: dict, index: int = 0) -> None:
-    """Raise ValueError unless `row` has `prompt` and `completion` message lists."""
+def check_row(row: Any, index: int = 0, where: str | None = None) -> None:
+    """Raise `DataError` unless `row` is a mapping with `prompt` and `completion` lists of {role, content}
+    messages of strings. where: how the message names the row (default "row <index + 1>", 1-based)."""
+    where = where or f"row {index + 1}"
+    if not isinstance(row, dict):
+        raise DataError(f"{where} is a JSON {type(row).__name__} {_short(row)}, not an object; {FORMAT_HINT}")
     for field in ("prompt", "completion"):
         if field not in row:
-            raise ValueError(f"row {index} has no {field!r} field (columns: {sorted(row)}); expected the "
-                             "conversational prompt/completion format")
-        _check_messages(row[field], f"row {index} {field}")
+            raise DataError(f"{where} has no {field!r} (it has {', '.join(map(repr, sorted(row))) or 'no field'}); "
+                            f"{FORMAT_HINT}")
+        _check_messages(row[field], where, field)
 
 
 def conversation(row: dict) -> list[dict]:
@@ -107,32 +140,91 @@ def load_sft_dataset(path: str | Path, split: str = "train"):
 
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"no dataset at {path}")
+        raise FileNotFoundError(f"no dataset at {path} (sft.dataset: a .jsonl, .json or .parquet file, a "
+                                "save_to_disk folder, a folder of such files or a TFDS folder)")
     if path.is_file():
-        ds = _load_files([path])
-    elif (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
-        ds = datasets.load_from_disk(str(path))
+        return _load_files([path])
+    if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
+        try:
+            ds = datasets.load_from_disk(str(path))
+        except Exception as e:  # noqa: BLE001 - a damaged or partial save_to_disk folder
+            raise DataError(f"{path}: the datasets folder cannot be read ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0][:300] if str(e) else ''}); save it again") from None
         if isinstance(ds, datasets.DatasetDict):
             if split not in ds:
-                raise ValueError(f"{path} has splits {sorted(ds)}, not {split!r}")
+                raise DataError(f"{path} has splits {sorted(ds)}, not {split!r}")
             ds = ds[split]
-    elif (tfds_dir := _find_tfds_dir(path)) is not None:
-        ds = rows_to_dataset(load_tfds(tfds_dir, split))
-    else:
-        files = sorted(p for p in path.rglob("*") if p.suffix in (".parquet", ".jsonl", ".json")
-                       and p.name not in ("dataset_info.json", "state.json", "dataset_dict.json", "features.json"))
-        with_split = [p for p in files if p.name.startswith(split) or p.parent.name == split]
-        files = with_split or files
-        if not files:
-            raise ValueError(f"{path}: no save_to_disk dataset, TFDS folder, or Parquet/JSON files found")
-        ds = _load_files(files)
-    for field in ("prompt", "completion"):
-        if field not in ds.column_names:
-            raise ValueError(f"{path}: no {field!r} column (columns: {ds.column_names}); expected the "
-                             "conversational prompt/completion format of anakin87/tictactoe-filtered")
-    if len(ds):
-        check_row(ds[0], 0)
+        return checked_dataset(ds, str(path))
+    if (tfds_dir := _find_tfds_dir(path)) is not None:
+        rows = load_tfds(tfds_dir, split)
+        check_rows(rows, lambda i: f"{tfds_dir} row {i + 1}", str(tfds_dir))
+        return rows_to_dataset(rows)
+    files = sorted(p for p in path.rglob("*") if p.suffix in (".parquet", ".jsonl", ".json")
+                   and p.name not in ("dataset_info.json", "state.json", "dataset_dict.json", "features.json"))
+    with_split = [p for p in files if p.name.startswith(split) or p.parent.name == split]
+    files = with_split or files
+    if not files:
+        raise DataError(f"{path}: no save_to_disk dataset, TFDS folder, or Parquet/JSON files found")
+    return _load_files(files)
+
+
+def check_rows(rows: Sequence[Any], where: Callable[[int], str], what: str) -> None:
+    """Every row checked (`check_row`, `where(i)` naming row i); an empty sequence is a `DataError` naming
+    `what` as empty."""
+    if not len(rows):
+        raise DataError(f"{what} is empty: it holds no conversation to train on")
+    for i, row in enumerate(rows):
+        check_row(row, i, where(i))
+
+
+def checked_dataset(ds, what: str):
+    """A `datasets.Dataset` whose every row passed `check_row` (named "<what> row <n>", 1-based); the columns
+    first, so that a data set of another layout is named once, not row by row."""
+    missing = [field for field in ("prompt", "completion") if field not in ds.column_names]
+    if missing and len(ds):
+        raise DataError(f"{what} has no {' or '.join(map(repr, missing))} column (columns: {ds.column_names}); "
+                        f"{FORMAT_HINT}")
+    check_rows(ds, lambda i: f"{what} row {i + 1}", what)
     return ds
+
+
+def read_jsonl(path: Path) -> list[Any]:
+    """The records of a JSON Lines file, parsed with Python's json (exact floats: Arrow's JSON reader rounds some
+    doubles in the last digits), each checked with `check_row` and named by its 1-based line. Blank lines hold no
+    record and are skipped; an empty file, a line that is not JSON or a bad record is a `DataError`."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[:e.start].count(b"\n") + 1
+        raise DataError(f"{path} line {line}: not UTF-8 text ({e.reason}); save the file as UTF-8") from None
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path} line {number}: not valid JSON ({e.msg} at column {e.colno}); each line must "
+                            "hold one whole JSON object (was the file cut short or hand-edited?)") from None
+        check_row(row, where=f"{path} line {number}")
+        rows.append(row)
+    if not rows:
+        raise DataError(f"{path} is empty: it holds no conversation to train on")
+    return rows
+
+
+def read_json_list(path: Path) -> list[Any]:
+    """The records of a JSON file holding one list of rows, each checked and named by its 1-based item."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path} line {e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
+    if isinstance(data, dict):
+        data = [data]
+    if not isinstance(data, list):
+        raise DataError(f"{path} holds a JSON {type(data).__name__}, not a list of rows; {FORMAT_HINT}")
+    check_rows(data, lambda i: f"{path} item {i + 1}", str(path))
+    return data
 
 
 def _load_files(files: list[Path]):
@@ -140,18 +232,24 @@ def _load_files(files: list[Path]):
 
     kinds = {p.suffix for p in files}
     if kinds == {".parquet"}:
-        return datasets.Dataset.from_parquet([str(p) for p in files])
+        empty = [p for p in files if p.stat().st_size == 0]
+        if empty:
+            raise DataError(f"{empty[0]} is empty (0 bytes): it holds no conversation to train on")
+        try:
+            ds = datasets.Dataset.from_parquet([str(p) for p in files])
+        except Exception as e:  # noqa: BLE001 - pyarrow's errors for a damaged file
+            raise DataError(f"{', '.join(map(str, files[:3]))}: not readable as Parquet ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0][:300] if str(e) else ''}); write the file again") from None
+        return checked_dataset(ds, str(files[0]) if len(files) == 1 else f"the Parquet files of {files[0].parent}")
     if kinds <= {".jsonl", ".json"}:
-        # Parsed with Python's json: exact floats (Arrow's JSON reader rounds some doubles in the last digits).
         rows = []
         for p in files:
-            content = p.read_text(encoding="utf-8")
-            if content.lstrip().startswith("["):
-                rows.extend(json.loads(content))
-            else:
-                rows.extend(json.loads(line) for line in content.splitlines() if line.strip())
+            if p.stat().st_size == 0:
+                raise DataError(f"{p} is empty (0 bytes): it holds no conversation to train on")
+            head = p.read_text(encoding="utf-8", errors="replace").lstrip()[:1]
+            rows.extend(read_json_list(p) if head == "[" else read_jsonl(p))
         return rows_to_dataset(rows)
-    raise ValueError(f"cannot load a mix of file types {sorted(kinds)}: {files}")
+    raise DataError(f"cannot load a mix of file types {sorted(kinds)}: {[str(p) for p in files]}")
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -15,9 +15,11 @@ connect_four (multi-turn game vs a depth-limited search opponent).
 """
 
 from envs.core import (  # noqa: F401
-    CONTENT_KINDS, Env, Episode, EvalSetting, MessageFamily, MessageSpec, ParsedReply, ReplyGrammar,
-    ENTRY_POINT_GROUP, METRIC_KINDS, EnvNotFoundError, RubricPart, Slot, class_path, entry_point_envs, env_class, make,
-    register, registered, weighted_reward, keep_finished,
+    CONTENT_KINDS, Env, Episode, EvalSetting, MessageFamily, MessageSpec, ParsedReply, ReplyGrammar, METRIC_KINDS,
+    RubricPart, Slot, weighted_reward, keep_finished,
+)
+from envs.registry import (  # noqa: F401
+    ENTRY_POINT_GROUP, EnvNotFoundError, class_path, entry_point_envs, env_class, make, register, registered,
 )
 from envs.check import EnvCheckError, check_env  # noqa: F401,E402
 

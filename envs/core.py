@@ -63,6 +63,8 @@ from typing import Any, ClassVar, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 
+from jaxrl_base.moved import moved_names
+
 __all__ = [
     "Env",
     "Episode",
@@ -494,8 +496,8 @@ class Env:
         return None
 
 
-# The registry (`make`, `register`, ...) lives in `envs.registry`; its names stay importable from here. Imported
-# last: the registry checks classes against `Env`, defined above.
-from envs.registry import (  # noqa: E402,F401
-    _REGISTRY, ENTRY_POINT_GROUP, EnvNotFoundError, class_path, entry_point_envs, env_class, make, register, registered,
-)
+# The registry (`make`, `register`, ...) lives in `envs.registry`, above this module (it checks classes against
+# `Env`); its names stay importable from here, resolved on first use.
+__getattr__ = moved_names(__name__, dict.fromkeys(
+    ("_REGISTRY", "ENTRY_POINT_GROUP", "EnvNotFoundError", "class_path", "entry_point_envs", "env_class", "make",
+     "register", "registered"), "envs.registry"))

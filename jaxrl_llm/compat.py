@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from envs.core import class_path, env_class
+from envs.registry import class_path, env_class
 from jaxrl_llm.checkpoint import (CheckpointDamagedError, CheckpointMismatchError, CheckpointNotFoundError,
                                   Checkpointer)
 from jaxrl_llm.config import ExperimentConfig, config_from_dict, config_to_dict, dump_config

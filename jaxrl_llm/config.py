@@ -44,7 +44,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
-from jaxrl_llm.algos.grpo import GrpoConfig
+from jaxrl_llm.algos.grpo_config import GrpoConfig
 from jaxrl_llm.algos.optim import OptimConfig
 from jaxrl_llm.algos.sft import SftConfig
 from jaxrl_llm.checks import ConfigError, EnvBound, check_int, check_str

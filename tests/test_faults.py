@@ -106,6 +106,15 @@ def test_a_second_trainer_is_refused_and_a_stale_lock_is_taken_over(tmp_path):
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(RunLockedError, match=f"PID {holder.pid}.*one trainer per output folder"):
             RunLock(tmp_path, log=lambda *_: None).acquire()
+        # The shared loop holds the lock itself: a loop called directly on a held folder never steps.
+        from types import SimpleNamespace
+        from jaxrl_llm.train.loop import Loop, TrainState, run_loop
+
+        steps = []
+        loop = Loop("test_step", lambda st: (steps.append(st.step) or st, {}, None))
+        with pytest.raises(RunLockedError):
+            run_loop(TrainState(None, None, 0, None), 3, loop, SimpleNamespace(out=tmp_path, write=None))
+        assert steps == []
     finally:
         holder.kill()
         holder.wait()

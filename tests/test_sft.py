@@ -808,7 +808,7 @@ def test_position_rows_are_legal_and_uniform_ish():
 def test_legal_choices_protocol():
     """Env.legal_choices: Tic-Tac-Toe's free cells, Connect Four's open columns (jitted, vmapped), None for
     arithmetic; num_legal_choices counts them."""
-    from envs.core import make
+    from envs.registry import make
 
     env = make("tictactoe")
     examples = env.eval_examples(jax.random.PRNGKey(0), 16, env.eval_settings()[0].stage)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 if TYPE_CHECKING:  # lazy: import cycle with algos.grpo (type hints only)
-    from jaxrl_llm.algos.grpo import GrpoConfig
+    from jaxrl_llm.algos.grpo_config import GrpoConfig
 
 
 def check_step_args(group_size, temperature) -> tuple[int, float]:

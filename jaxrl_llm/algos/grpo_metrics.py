@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jaxrl_llm.algos.token_logprobs import logits_entropy
 
 if TYPE_CHECKING:  # lazy: import cycle with algos.grpo (type hints only)
-    from jaxrl_llm.algos.grpo import GrpoConfig
+    from jaxrl_llm.algos.grpo_config import GrpoConfig
 
 
 def finish_metrics(sums: dict, with_entropy: bool) -> dict:

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxrl_base.moved import moved_names
 from jaxrl_llm.algos.optim import OptimConfig, global_norm
 from jaxrl_llm.checks import ConfigError, EnvBound, check_choice, check_float, check_int
 from jaxrl_llm.data import sft_data
@@ -470,11 +471,6 @@ def check_group_exact(rows, exact_rows) -> dict[str, float]:
     return {f"check_exact_{g}": float(exact_rows[names == g].mean()) for g in dict.fromkeys(groups) if g}
 
 
-def __getattr__(name: str):
-    """`train_sft`, the SFT training loop, lives in `jaxrl_llm.train.sft_loop`; this old path still names it
-    (imported on use: `train` imports this module through the config, so a top-level import would be a cycle)."""
-    if name == "train_sft":
-        from jaxrl_llm.train.sft_loop import train_sft  # lazy: import cycle with train.sft_loop
-
-        return train_sft
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# `train_sft`, the SFT training loop, lives in `jaxrl_llm.train.sft_loop` (above this module); this old path still
+# names it, resolved on first use.
+__getattr__ = moved_names(__name__, {"train_sft": "jaxrl_llm.train.sft_loop"})

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jaxrl_llm.generate.sampler import restrict_logits
 
 if TYPE_CHECKING:  # lazy: import cycle with algos.grpo (type hints only)
-    from jaxrl_llm.algos.grpo import GrpoConfig
+    from jaxrl_llm.algos.grpo_config import GrpoConfig
 
 
 def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:

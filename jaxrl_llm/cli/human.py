@@ -15,7 +15,8 @@ from __future__ import annotations
 import importlib
 from typing import Any, Protocol
 
-from envs.core import Env, ParsedReply, class_path
+from envs.core import Env, ParsedReply
+from envs.registry import class_path
 
 __all__ = ["HumanPlay", "human_play", "register_human"]
 

@@ -5,12 +5,16 @@ or rollouts inside) and what runs after each step (samples, evaluation, checkpoi
 runs it: each step, then the step's `on_event` point (`train.events`), its metrics row and the progress bar
 (`RunLog`: the log sinks, the metrics writer and the progress display of one loop), then the after-step hooks.
 Resume: `restore_state` reads a `TrainState` back from the newest good checkpoint that `save_state` wrote;
-`refuse_existing_run` guards checkpoint.resume = false. The run lock (`run_lock.RunLock`) is taken by each
-entry point (`grpo_loop.train_grpo`, `sft_loop.run_sft`) around its whole run.
+`refuse_existing_run` guards checkpoint.resume = false. One trainer per output folder: `run_loop` holds the
+folder's run lock (`run_lock.RunLock`) while it steps and logs, so no loop ever writes into a folder another
+trainer holds, whoever calls it. The lock nests within a process, so the entry points (`grpo_loop.train_grpo`,
+`sft_loop.run_sft`, `experiment.run_experiment`) take the same lock one level out, around the set-up that
+reads checkpoints and truncates metrics files before the first step.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from pathlib import Path
@@ -24,7 +28,7 @@ from jaxrl_llm.checkpoint import Checkpointer
 from jaxrl_llm.config import ExperimentConfig
 from jaxrl_llm.log_sinks import close_sinks, open_sinks
 from jaxrl_llm.metrics import MetricsWriter, Progress, read_metrics
-from jaxrl_llm.run_lock import RunExistsError
+from jaxrl_llm.run_lock import RunExistsError, RunLock
 from jaxrl_llm.train.components import Components, policy_view
 from jaxrl_llm.train.evaluate import evaluate
 from jaxrl_llm.train.events import EventHook, LoopEvent, no_events
@@ -164,15 +168,17 @@ def run_loop(state: TrainState, stop: int, loop: Loop, run: RunLog | None = None
              on_event: EventHook = no_events) -> TrainState:
     """Steps `state` until its step reaches `stop` (or a hook ends it). Each step: `loop.step`, the event
     `loop.point` (the step computed, its row not yet written), the row to `run` (metrics file, sinks,
-    progress; None: not logged), then every `loop.after` hook."""
-    while state.step < stop:
-        state, record, out = loop.step(state)
-        on_event(LoopEvent(loop.point, state.step))
-        if run is not None:
-            run.write(state.step, record)
-        ends = [bool(hook(state, record, out)) for hook in loop.after]  # every hook runs
-        if any(ends):
-            break
+    progress; None: not logged), then every `loop.after` hook. With `run`, the steps hold the lock of its
+    output folder (`run_lock.RunLock`: one trainer per folder; nested holds in this process are free)."""
+    with RunLock(run.out) if run is not None else contextlib.nullcontext():
+        while state.step < stop:
+            state, record, out = loop.step(state)
+            on_event(LoopEvent(loop.point, state.step))
+            if run is not None:
+                run.write(state.step, record)
+            ends = [bool(hook(state, record, out)) for hook in loop.after]  # every hook runs
+            if any(ends):
+                break
     return state
 
 

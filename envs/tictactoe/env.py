@@ -5,6 +5,8 @@ The game is `envs.tictactoe.game` (rules, minimax opponent, seeds); its text is 
 
     example   (seed uint32, random_move_prob f32): the first mover, the opening and every opponent reply
               are pure functions of them; stratified over a stage's [p_min, p_max] (`game.stratified_examples`)
+              (+ start_moves int32 with exploring starts, `Stage.start_moves` > 0: a random mid-game start,
+              `envs.tictactoe.starts`; None, the default, is the normal start)
     reply     `<move>k</move>` with k a cell 0..8 (`ReplyGrammar("move", "cell", 9)`), format
               `<think>.*?</think>.*?<move>.*?</move>`
     rubric    win (1 win / 0.5 draw / 0 loss or unfinished) x 1, format (mean over replies) x 0.2,
@@ -25,9 +27,9 @@ import numpy as np
 from envs import board_game
 from envs.board_game import BoardGameEnv
 from envs.core import EvalSetting, ParsedReply, ReplyGrammar
-from envs.tictactoe import game, text
+from envs.tictactoe import game, starts, text
 from envs.tictactoe.teacher import Teacher
-from jaxrl_base.checks import check_choice
+from jaxrl_base.checks import check_choice, check_int
 
 
 class Example(NamedTuple):
@@ -35,15 +37,23 @@ class Example(NamedTuple):
 
     seed: jax.Array  # uint32[]
     random_move_prob: jax.Array  # float32[]
+    start_moves: jax.Array | None = None  # int32[]: exploring starts' m (`starts`); None: the normal start
 
 
 @dataclasses.dataclass(frozen=True)
 class Stage(board_game.OpponentStage):
     """A curriculum stage: the opponent's random-move probability p is stratified over [p_min, p_max]
-    (p = 1 a uniformly random opponent, p = 0 the optimal one)."""
+    (p = 1 a uniformly random opponent, p = 0 the optimal one). start_moves: exploring starts (off at 0):
+    each game first plays n (uniform in 0..start_moves, at most 3, drawn from its seed) rounds of a random X
+    move and a random O reply, so the model starts from a random live mid-game position (`starts`)."""
 
     p_min: float = 0.2
     p_max: float = 0.7
+    start_moves: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_int(self, "start_moves", 0, starts.MAX_START_MOVES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,12 +99,21 @@ class TicTacToe(BoardGameEnv):
         """`game.stratified_examples`: one p per equal-width bucket of the stage's range."""
         return game.stratified_examples(key, num_prompts, group_size, stage.p_min, stage.p_max)
 
+    def example(self, seeds, probs, stage: Stage) -> Example:
+        """(seed, p) and, for a stage with exploring starts, its start_moves per game."""
+        if not stage.start_moves:
+            return Example(seeds, probs)
+        return Example(seeds, probs, jnp.full(jnp.shape(seeds), stage.start_moves, jnp.int32))
+
     def eval_settings(self) -> tuple[EvalSetting, ...]:
         return (EvalSetting("random", Stage(1.0, 1.0)), EvalSetting("optimal", Stage(0.0, 0.0)))
 
     # ---- dynamics ----
     def reset(self, example: Example, params: Params) -> game.State:
-        return game.reset(example.seed, example.random_move_prob)
+        state = game.reset(example.seed, example.random_move_prob)
+        if example.start_moves is None:
+            return state
+        return starts.exploring_start(state, example.start_moves)
 
     def transition(self, state: game.State, reply: ParsedReply, params: Params) -> game.State:
         return game.transition(state, move_of(reply))

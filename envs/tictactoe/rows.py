@@ -168,7 +168,8 @@ def games_to_rows(games: ExpertGames, preset: str | text.PromptPreset = "referen
 def expert_rows(key: jax.Array, num_games: int, *, teacher_random_move_prob: float = 0.1,
                 opponent_p_range: Sequence[float] = (0.0, 1.0), preset: str = "reference",
                 max_turns: int = 8, teacher: str = "uniform", reasoning: str = "templates",
-                tree_copies: int = 0, tree_teacher: str | None = None, keep_losses: bool = False) -> list[dict]:
+                tree_copies: int = 0, tree_teacher: str | None = None, keep_losses: bool = False,
+                symmetries: bool = False) -> list[dict]:
     """Play `num_games` expert games on device and return the kept ones as rows (one row a game).
 
     Unfinished games are dropped, and so are lost ones unless keep_losses, so there may be fewer than `num_games` rows. tree_copies > 0
@@ -189,6 +190,10 @@ def expert_rows(key: jax.Array, num_games: int, *, teacher_random_move_prob: flo
                          f"{MAX_MODEL_MOVES} model moves), got {max_turns}")
     games = generate_expert_games(key, num_games, teacher_random_move_prob=teacher_random_move_prob,
                                   opponent_p_range=opponent_p_range, max_turns=max_turns, teacher=teacher)
+    if symmetries:
+        from envs.tictactoe.symmetry import symmetric_games
+
+        games = symmetric_games(games)
     rows = games_to_rows(games, preset, keep_losses=keep_losses, reasoning=reasoning)
     if tree_copies:
         rows += games_to_rows(exhaustive_expert_games(tree_teacher), preset, reasoning=reasoning) * int(tree_copies)

@@ -68,6 +68,8 @@ class Teacher:
     `position_rows`; outcome filter and tree do not apply); last_turn_share: the share of those rows that take
     the game's last X turn (fewest free cells) instead. Every row's info lists the legal choices of each
     reply (`legal_choices`), for the SFT decision metrics.
+    symmetries: each sampled game also in its 7 other images under the board's rotations and reflections
+    (`symmetry`): 8x the rows from the same `num_games` teacher games (layout "games" only; off by default).
     """
 
     num_games: int = 1000
@@ -81,6 +83,7 @@ class Teacher:
     keep_losses: bool = False
     layout: str = "games"
     last_turn_share: float = 0.0
+    symmetries: bool = False
 
     def __post_init__(self) -> None:
         check_probability(self, "last_turn_share")
@@ -103,6 +106,10 @@ class Teacher:
                 raise ConfigError(f"must be >= opponent_p_min ({self.opponent_p_min}), got {self.opponent_p_max}",
                                   ("opponent_p_max",), "Teacher")
         check_int(self, "tree_copies", 0)
+        if not isinstance(self.symmetries, bool):
+            raise ConfigError(f"must be true or false, got {self.symmetries!r}", ("symmetries",), "Teacher")
+        if self.symmetries and self.layout != "games":
+            raise ConfigError('applies to layout = "games" only', ("symmetries",), "Teacher")
         if not isinstance(self.keep_losses, bool):
             raise ConfigError(f"must be true or false, got {self.keep_losses!r}", ("keep_losses",), "Teacher")
         if self.tree_copies and (self.kind not in DETERMINISTIC_TEACHERS or self.explore_prob > 0):
@@ -129,4 +136,5 @@ class Teacher:
         return expert_rows(key, self.num_games, teacher_random_move_prob=self.explore_prob,
                            opponent_p_range=self.opponent_p_range, preset=preset, max_turns=max_turns,
                            teacher=self.sample_kind or self.kind, reasoning=self.reasoning,
-                           tree_copies=self.tree_copies, tree_teacher=self.kind, keep_losses=self.keep_losses)
+                           tree_copies=self.tree_copies, tree_teacher=self.kind, keep_losses=self.keep_losses,
+                           symmetries=self.symmetries)

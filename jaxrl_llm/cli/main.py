@@ -20,10 +20,11 @@ import time
 from pathlib import Path
 
 from jaxrl_llm.checks import ConfigError
+from jaxrl_llm.cli.errors import note_config, report
+from jaxrl_llm.cli.guards import check_metrics_inputs, load_preset, refuse_overwrite
 from jaxrl_llm.cli.launch import add_launch_flags, run_command
 from jaxrl_llm.log_sinks import close_sinks, open_sinks
 from jaxrl_llm.metrics import MetricsWriter, format_metric, format_results_table, metric_kind, plot_metrics
-from jaxrl_llm.run_lock import RunLockedError
 from jaxrl_llm.schema import parse_override
 
 # The modules above import no jax. jax, and every module that imports it (envs, config, train, checkpoint,
@@ -73,9 +74,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _load(args: argparse.Namespace):
-    from jaxrl_llm.config import load_config  # lazy: jax (fast --help)
-
-    return load_config(args.config, args.set or ())
+    """The preset with its --set overrides, checked (`cli.guards.load_preset`) and noted for the Ctrl-C line."""
+    config = load_preset(args.config, args.set or ())
+    note_config(config)
+    return config
 
 
 def cmd_sft(args) -> int:
@@ -118,6 +120,8 @@ def cmd_eval(args) -> int:
     from jaxrl_llm.train import build, evaluate, exactness_check, policy_source  # lazy: jax (fast --help)
 
     config = _load(args)
+    if args.games:  # a file the user names is never replaced without --force (the run's own default is)
+        refuse_overwrite(args.games, "--games", args.force)
     comp = build(config)
     params, step, source = policy_source(config, comp, args.checkpoint)
     out = Path(args.games or Path(config.run.output_dir) / "eval_games.jsonl")
@@ -293,12 +297,18 @@ def cmd_check_env(args) -> int:
         print(f"jaxrl-llm check-env: {e}", file=sys.stderr)
         return 1
     for line in passed:
-        print(f"ok: {line}")
+        if not line.startswith("warning:"):
+            print(f"ok: {line}")
     print(f"env {args.env!r} ({type(env).__module__}:{type(env).__qualname__}) passes every check")
+    for line in passed:  # what passes but deserves a look comes last, where it is read
+        if line.startswith("warning:"):
+            print(line)
     return 0
 
 
 def cmd_plot(args) -> int:
+    check_metrics_inputs(args.metrics)
+    refuse_overwrite(args.out, "--out", args.force)
     path = plot_metrics(args.metrics, args.out)
     print(f"wrote {path}")
     return 0
@@ -334,7 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "scaled-down update compiled here, then exit without training")
     ev = with_config("eval", "the env's metrics in each of its evaluation settings", cmd_eval)
     ev.add_argument("--checkpoint", default=None, help="an Orbax checkpoint folder or a Hugging Face folder (default: the run's latest)")
-    ev.add_argument("--games", default=None, help="JSONL file for the games (default <output_dir>/eval_games.jsonl)")
+    ev.add_argument("--games", default=None, help="JSONL file for the games (default <output_dir>/eval_games.jsonl); "
+                    "an existing file is replaced only with --force")
+    ev.add_argument("--force", action="store_true", help="replace the --games file if it exists")
     play = with_config("play", "play the model in the terminal", cmd_play)
     play.add_argument("--checkpoint", default=None, help="an Orbax checkpoint folder or a Hugging Face folder")
     export = with_config("export", "write the policy as a transformers LFM2 checkpoint", cmd_export)
@@ -351,7 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=cmd_check_env)
     plot = sub.add_parser("plot", help="draw training curves from metrics JSONL files to a PNG")
     plot.add_argument("metrics", nargs="+", help="metrics.jsonl files or run folders")
-    plot.add_argument("--out", default="curves.png")
+    plot.add_argument("--out", default="curves.png", help="the PNG to write (an existing file only with --force)")
+    plot.add_argument("--force", action="store_true", help="replace the --out file if it exists")
     plot.set_defaults(func=cmd_plot)
     return parser
 
@@ -364,17 +377,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-    """Runs the parsed command; a user's error prints one line and gives exit code 2."""
-    from jaxrl_llm.checkpoint import CheckpointDamagedError, CheckpointMismatchError  # lazy: jax (fast --help)
-    from jaxrl_llm.train.loop import NonFiniteLossError  # lazy: jax (fast --help)
-    from models.hf import HfCheckpointError  # lazy: jax (fast --help)
-
-    try:
-        return args.func(args)
-    except (ConfigError, OSError, CheckpointMismatchError, CheckpointDamagedError, RunLockedError,
-            HfCheckpointError, NonFiniteLossError) as error:
-        print(f"jaxrl-llm {args.command}: {error}", file=sys.stderr)
-        return 2
+    """Runs the parsed command through the one user-facing error path (`cli.errors.report`): a user's error is
+    one line and exit code 2, Ctrl-C one line and 130, a bug a traceback."""
+    return report(args.command, lambda: args.func(args))
 
 
 if __name__ == "__main__":

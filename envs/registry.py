@@ -9,6 +9,7 @@ import importlib
 from typing import Any
 
 from envs.core import Env
+from jaxrl_base.errors import EnvError
 
 _REGISTRY: dict[str, type[Env] | str] = {}
 
@@ -28,7 +29,7 @@ ENTRY_POINT_GROUP = "jaxrl_llm.envs"  # installed packages register envs here: `
 _ENTRY_POINTS_LOADED = False
 
 
-class EnvNotFoundError(KeyError):
+class EnvNotFoundError(KeyError, EnvError):
     """An env name that is neither registered, nor an installed entry point, nor an importable class path
     (a KeyError whose text is the plain message)."""
 

@@ -15,14 +15,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jaxrl_base.errors import CheckpointError, JaxrlError
+
 __all__ = ["LOCK_FILE", "RunLock", "RunLockedError", "RunExistsError"]
 
 
-class RunLockedError(RuntimeError):
+class RunLockedError(RuntimeError, JaxrlError):
     """Another live process holds the output folder's lock (one trainer per folder)."""
 
 
-class RunExistsError(FileExistsError):
+class RunExistsError(FileExistsError, CheckpointError):
     """checkpoint.resume = false on a folder that already holds a run: refused, nothing is truncated."""
 
 

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
+from jaxrl_base.errors import JaxrlError
 from jaxrl_llm.checkpoint import Checkpointer
 from jaxrl_llm.config import ExperimentConfig
 from jaxrl_llm.log_sinks import close_sinks, open_sinks
@@ -148,7 +149,7 @@ class Loop:
     after: Sequence[AfterFn] = ()
 
 
-class NonFiniteLossError(FloatingPointError):
+class NonFiniteLossError(FloatingPointError, JaxrlError):
     """A training step's loss or gradient norm was NaN or infinite: its weights are not kept."""
 
 

@@ -212,13 +212,15 @@ class EvalSection(_Section):
 class CheckpointSection(_Section):
     """Checkpoints: `dir` (None = <run.output_dir>/checkpoints), the last `keep` kept, one every
     `every_steps` steps (0 = only at the end of each stage), asynchronous writes (`async_save`), and
-    `resume` from the latest checkpoint in `dir` when there is one."""
+    `resume` from the latest checkpoint in `dir` when there is one. A resume whose training config differs
+    from the checkpoint's is refused unless `accept_config_change` (`jaxrl_llm.run_config`)."""
 
     dir: str | None = None
     keep: int = 3
     every_steps: int = 100
     async_save: bool = True
     resume: bool = True
+    accept_config_change: bool = False
 
     def _validate(self) -> None:
         check_int(self, "keep", 1)

@@ -75,7 +75,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def _load(args: argparse.Namespace):
     """The preset with its --set overrides, checked (`cli.guards.load_preset`) and noted for the Ctrl-C line."""
-    config = load_preset(args.config, args.set or ())
+    overrides = list(args.set or ())
+    if getattr(args, "accept_config_change", False):
+        overrides.append("checkpoint.accept_config_change=true")
+    config = load_preset(args.config, overrides)
     note_config(config)
     return config
 
@@ -333,6 +336,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=func)
         if name in ("experiment", "sft", "train", "eval"):
             add_launch_flags(p)
+        if name in ("experiment", "sft", "train"):
+            p.add_argument("--accept-config-change", action="store_true",
+                           help="resume a run whose training config differs from its checkpoint's, with the new "
+                                "values (metrics.jsonl records the change; jaxrl_llm.run_config)")
         return p
 
     with_config("experiment", "the whole arc: SFT, GRPO stages, evaluation of base / SFT / RL models", cmd_experiment)

@@ -27,6 +27,7 @@ from jaxrl_llm.compat import run_checkpointer
 from jaxrl_llm.config import ExperimentConfig
 from jaxrl_llm.metrics import MetricsWriter, log_name, metric_kind
 from jaxrl_llm.rollout import Trajectory, games_text, make_rollout, model_policy, rollout, write_games_jsonl
+from jaxrl_llm.run_config import check_resumed_config
 from jaxrl_llm.run_lock import RunLock
 from jaxrl_llm.text import require_reply_template
 from jaxrl_llm.train.components import (Components, base_params, build, initial_policy, make_mesh,
@@ -215,9 +216,12 @@ def _train_grpo_locked(config: ExperimentConfig, comp: Components | None, stop_a
         if not config.checkpoint.resume:
             refuse_existing_run(config, ckpt)
         state = _start_state(config, comp, ckpt, total, log)
+        note = check_resumed_config(_saved_config(ckpt, state.step), config, state.step, "grpo",
+                                    f"the run in {config.run.output_dir}", log) if state.step else {}
         mesh = make_mesh(config)
         state, ref_params = _placed(comp, state, mesh)
         run = RunLog(config, "metrics.jsonl", "grpo", total, progress_keys(comp), log, resume_step=state.step)
+        run.notes.update(note)  # an accepted config change or an extended schedule, in the first new row
         if (out / "eval_metrics.jsonl").exists():  # evaluations after the resumed step are redone
             MetricsWriter(out / "eval_metrics.jsonl", resume_step=state.step).close()
         stop = total if stop_after is None else min(total, stop_after)
@@ -229,6 +233,11 @@ def _train_grpo_locked(config: ExperimentConfig, comp: Components | None, stop_a
                 "metrics_path": str(out / "metrics.jsonl")}
     finally:
         ckpt.close()
+
+
+def _saved_config(ckpt: Checkpointer, step: int) -> dict | None:
+    """The config dict a checkpoint step was saved with (None when the step records none)."""
+    return ckpt.metadata(step).get("config") if step in ckpt.all_steps() else None
 
 
 def _start_state(config: ExperimentConfig, comp: Components, ckpt: Checkpointer, total: int, log) -> TrainState:

@@ -118,13 +118,16 @@ class RunLog:
         self.sinks = open_sinks(config.run.log, self.out, log)
         self.writer = MetricsWriter(self.out / metrics_file, resume_step=resume_step, sinks=self.sinks, group=group)
         self.keys = tuple(keys)
+        self.notes: dict[str, Any] = {}  # extra fields for the next row only
         self.progress = Progress(total, group, keys=self.keys)
         if resume_step:  # a run past its (lowered) end shows total/total, not 250 %
             self.progress.update(advance=min(resume_step, total))
 
     def write(self, step: int, record: dict[str, float]) -> None:
-        """One step's metrics row, and the progress display advanced by one with its figures."""
-        self.writer.write(step, record)
+        """One step's metrics row (with the pending `notes`, e.g. a config change at a resume, then cleared), and
+        the progress display advanced by one with its figures."""
+        self.writer.write(step, {**record, **self.notes})
+        self.notes = {}
         self.progress.update(**{k: record[k] for k in self.keys if k in record})
 
     def close(self) -> None:

@@ -337,6 +337,7 @@ class RegexLogitsProcessor:
         self.matcher = RegexMatcher(regex)
         self.eos_id = int(tokenizer.eos_token_id)
         self.texts = _token_texts(tokenizer)
+        self._first = {text[0] for text in self.texts if text}
         self.prompt_length = prompt_length
         self._allowed: dict[frozenset, list[int]] = {}
         self._states: dict[tuple[int, ...], frozenset | None] = {(): self.matcher.start}
@@ -359,7 +360,9 @@ class RegexLogitsProcessor:
         """The ids allowed after a reply in `state`."""
         out = self._allowed.get(state)
         if out is None:
-            out = [i for i, text in enumerate(self.texts) if text and self.matcher.step(state, text)]
+            live = {ch for ch in self._first if self.matcher.step(state, ch)}  # a token starts with one of these
+            out = [i for i, text in enumerate(self.texts)
+                   if text and text[0] in live and self.matcher.step(state, text)]
             if self.matcher.accepts(state):
                 out.append(self.eos_id)
             self._allowed[state] = out

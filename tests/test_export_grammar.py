@@ -17,6 +17,7 @@ import functools
 import itertools
 import json
 import re
+import types
 from pathlib import Path
 
 import jax
@@ -94,24 +95,20 @@ def test_regex_matches_every_constrained_reply(name):
 
 
 def test_tictactoe_regex_and_every_legal_move():
+    """Every legal choice of every Tic-Tac-Toe board (all 3^9 cell fillings, through the env's own
+    `legal_choices`, which reads the board and `done`) gives a reply the regex matches, its cell in group 1."""
     env, name = _env("tictactoe"), "tictactoe"
-    regex = eg.reply_regex(_grammar(name), name)
-    assert regex == r"<think></think>\n<move>([0-8])</move>"
-    legal = jax.jit(jax.vmap(lambda s: env.legal_choices(s, env.params)))
-    examples = env.eval_examples(jax.random.PRNGKey(0), 16, env.Stage(p_min=1.0, p_max=1.0))
-    state = jax.vmap(env.reset, (0, None))(examples, env.params)
-    step = jax.jit(jax.vmap(lambda s, r: env.step(s, r, env.params)))
-    seen = 0
-    for turn in range(4):
-        mask = np.asarray(legal(state))
-        for row in mask:
-            for c in np.flatnonzero(row):
-                m = re.fullmatch(regex, f"<think></think>\n<move>{c}</move>")
-                assert m is not None and int(m.group(1)) == c
-                seen += 1
-        moves = np.array([np.flatnonzero(r)[0] if r.any() else 0 for r in mask])
-        state = step(state, envs.ParsedReply.of(jax.numpy.asarray(moves)))
-    assert seen > 16
+    regex = re.compile(eg.reply_regex(_grammar(name), name))
+    assert regex.pattern == r"<think></think>\n<move>([0-8])</move>"
+    boards = np.array(list(itertools.product(range(3), repeat=9)), np.int8)
+    state = types.SimpleNamespace(board=jax.numpy.asarray(boards), done=jax.numpy.zeros(len(boards), bool))
+    legal = np.asarray(jax.vmap(lambda b, d: env.legal_choices(types.SimpleNamespace(board=b, done=d), env.params))(
+        state.board, state.done))
+    assert legal.shape == (3**9, 9) and legal.any(axis=1).sum() == 3**9 - 2**9  # every board with an empty cell
+    reply = {c: regex.fullmatch(f"<think></think>\n<move>{c}</move>") for c in range(9)}
+    for c in np.unique(np.nonzero(legal)[1]):
+        assert reply[c] is not None and reply[c].group(1) == str(c)
+    assert set(np.unique(np.nonzero(legal)[1])) == set(range(9))
 
 
 MALFORMED = {
@@ -288,19 +285,41 @@ def test_transformers_processor_writes_only_matching_replies(name):
         assert re.fullmatch(regex, reply), reply
 
 
+def _stub_components(config):
+    """What `export_policy` reads of `train.Components` (a tiny LFM2, the project tokenizer, the config's env)
+    and zero params of that shape: the real export without building the tables or compiling an init."""
+    from models.lfm2 import ATTENTION, CONV, Lfm2Config, init_params
+
+    tok = load_tokenizer(None)
+    cfg = Lfm2Config(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                     num_attention_heads=2, num_key_value_heads=1, layer_types=(CONV, ATTENTION),
+                     max_position_embeddings=64)
+    shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
+    params = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), shapes)
+    return types.SimpleNamespace(lfm2=cfg, tokenizer=tok, env=config.env.make(), lora=None), params
+
+
 def test_export_writes_the_reply_grammar(tmp_path):
     from jaxrl_llm.cli.main import export_policy
     from jaxrl_llm.config import load_config
-    from jaxrl_llm.train import build, fresh_params, init_key
 
-    config = load_config(ROOT / "experiments" / "presets" / "tiny_test.toml",
-                         ['model.num_hidden_layers=2', 'model.layer_types=["conv", "full_attention"]'])
-    comp = build(config)
-    names = export_policy(comp, fresh_params(comp, init_key(config)), config, tmp_path / "model")
-    assert eg.GRAMMAR_FILE in names
+    config = load_config(ROOT / "experiments" / "presets" / "tiny_test.toml")
+    comp, params = _stub_components(config)
+    names = export_policy(comp, params, config, tmp_path / "model")
+    assert eg.GRAMMAR_FILE in names and "config.json" in names
     record = eg.read_reply_grammar(tmp_path / "model")
-    assert record["env"] == config.env.name and record["content"] == "cell"
-    assert record["regex"] == eg.reply_regex(comp.env.reply_grammar(comp.env.params))
+    assert record["env"] == config.env.name == "tictactoe" and record["content"] == "cell"
+    assert record["regex"] == eg.reply_regex(comp.env.reply_grammar(comp.env.params)) == _ttt_regex()
     assert re.search(record["answer_regex"], "<think>x</think>\n<move> 4 </move>", re.DOTALL).group(1) == "4"
     assert "constrained" in record["note"]
     assert json.loads((tmp_path / "model" / eg.GRAMMAR_FILE).read_text()) == record
+    # an env whose grammar has no regex: the named error, and nothing written
+    twice = ReplyGrammar("move", "cell", format_tags=("move", "move"), example_replies=("<move>1</move>",))
+    comp.env = types.SimpleNamespace(reply_grammar=lambda params: twice, params=None)
+    with pytest.raises(eg.GrammarRegexError, match="'tictactoe'"):
+        export_policy(comp, params, config, tmp_path / "other")
+    assert not (tmp_path / "other").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def _ttt_regex() -> str:
+    return r"<think></think>\n<move>([0-8])</move>"

@@ -5,8 +5,9 @@ at one moment of a run, and a driver that runs a command's loops with it.
 
 runs what `jaxrl-llm train` (or `experiment`: SFT, then the GRPO stages) runs, and SIGKILLs itself at the named
 point of the named step. Points: `sft_step`, `grpo_step`, `eval` (the loop's events of those names),
-`async_save` (the moment a checkpoint's save has started, perhaps not committed) and `after_commit` (the same
-moment, once that save is committed). A run that never reaches the point ends normally (exit 0), which the
+`async_save` (the moment a GRPO checkpoint's save has started, perhaps not committed), `after_commit` (the same
+moment, once that save is committed), and `sft_async_save` / `sft_after_commit` (the same two moments of an SFT
+progress checkpoint). A run that never reaches the point ends normally (exit 0), which the
 tests take as a failure.
 """
 
@@ -23,7 +24,8 @@ from jaxrl_llm.train.events import EventHook, LoopEvent
 
 # kill point -> (the loop event it happens at, whether the pending checkpoint is committed first)
 POINTS = {"sft_step": ("sft_step", False), "grpo_step": ("grpo_step", False), "eval": ("eval", False),
-          "async_save": ("save", False), "after_commit": ("save", True)}
+          "async_save": ("save", False), "after_commit": ("save", True),
+          "sft_async_save": ("sft_save", False), "sft_after_commit": ("sft_save", True)}
 
 
 def kill_hook(spec: str) -> EventHook:

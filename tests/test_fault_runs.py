@@ -1,4 +1,4 @@
-"""Fault injection on real runs (issue 17): SIGKILL at five moments of a tiny experiment, a full disk, an
+"""Fault injection on real runs (issue 17): SIGKILL at six moments of a tiny experiment (two in SFT), a full disk, an
 unwritable output folder, and checkpoints or exports that do not fit the config, through the CLI.
 
 The kill chain runs the `experiment` command's loops in subprocesses (`tests/kill_at.py`: a loop-event hook
@@ -34,7 +34,9 @@ CHAIN = SMALL + ["sft.steps=3", "grpo.0.steps=4", "grpo.1.steps=2", "grpo.0.roll
                  "grpo.0.sampling.max_new_tokens=8", "checkpoint.every_steps=1", "checkpoint.async_save=true",
                  "eval.every_steps=3"]
 # Where each restart of one run is killed (`tests/kill_at.py`: "<point>@<step>"), in order.
-KILL_POINTS = ["sft_step@2", "grpo_step@2", "async_save@3", "after_commit@4", "eval@6"]
+# SFT (3 steps, a progress checkpoint after steps 1 and 2): killed while saving step 2, then after its last step
+# before the finished SFT is saved; each restart resumes SFT from its newest progress checkpoint.
+KILL_POINTS = ["sft_async_save@2", "sft_step@3", "grpo_step@2", "async_save@3", "after_commit@4", "eval@6"]
 VOLATILE = {"time", "step_time", "games_per_s", "tokens_per_s", "sampled_tokens_per_s"}
 OUTPUTS = ("sft_metrics.jsonl", "metrics.jsonl", "eval_metrics.jsonl")
 
@@ -52,7 +54,7 @@ def _stable(path: Path) -> list[dict]:
     return [{k: v for k, v in row.items() if k not in VOLATILE} for row in read_metrics(path)]
 
 
-def test_sigkill_at_five_points_then_resume_gives_the_uninterrupted_run(tmp_path):
+def test_sigkill_at_six_points_then_resume_gives_the_uninterrupted_run(tmp_path):
     reference = _experiment(tmp_path / "reference")
     assert reference.returncode == 0, reference.stderr[-3000:]
     assert "Given directory is read only" not in reference.stderr  # Orbax's noise (issue 17, case 5)

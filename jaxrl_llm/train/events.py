@@ -9,6 +9,7 @@
 | `grpo_step` | GRPO step `step` computed (params updated, metrics on the host), its row not yet written |
 | `eval` | the evaluation after GRPO step `step` computed, its row not yet written |
 | `save` | the checkpoint of step `step` started (asynchronous: perhaps not committed; `checkpointer.wait()` commits) |
+| `sft_save` | the same for an SFT progress checkpoint (`train.sft_resume`) |
 
 The default hook does nothing. Tests install one that kills the process at a chosen event
 (`tests/kill_at.py`), to prove that a run killed there resumes to the uninterrupted run's metrics.

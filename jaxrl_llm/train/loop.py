@@ -72,10 +72,11 @@ def restore_state(ckpt: Checkpointer, target_of: Callable[[int], dict], config: 
 
 
 def save_state(ckpt: Checkpointer, state: TrainState, config: ExperimentConfig, metadata: dict,
-               on_event: EventHook = no_events) -> None:
-    """Saves `state` at its step (asynchronously when the checkpointer does), then the `save` event."""
+               on_event: EventHook = no_events, point: str = "save") -> None:
+    """Saves `state` at its step (asynchronously when the checkpointer does), then the event `point` ("save";
+    SFT's progress checkpoints: "sft_save")."""
     ckpt.save(state.step, state.checkpoint_tree(), config=config, metadata=metadata)
-    on_event(LoopEvent("save", state.step, ckpt))
+    on_event(LoopEvent(point, state.step, ckpt))
 
 
 def refuse_existing_run(config: ExperimentConfig, ckpt: Checkpointer) -> None:

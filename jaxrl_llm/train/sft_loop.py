@@ -7,7 +7,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +24,9 @@ from jaxrl_llm.train.components import (Components, base_params, build, fresh_tr
                                         sft_dir)
 from jaxrl_llm.train.events import EventHook, no_events
 from jaxrl_llm.train.keys import stream
-from jaxrl_llm.train.loop import Loop, RunLog, TrainState, check_finite_step, run_loop
+from jaxrl_llm.train.loop import AfterFn, Loop, RunLog, TrainState, check_finite_step, run_loop
+from jaxrl_llm.train.sft_resume import (last_record, remove_progress, restore_sft, save_hook, sft_progress_dir,
+                                        with_key)
 from models import lora
 
 
@@ -156,7 +158,8 @@ def _sft_step(module, tokenizer, config: SftConfig, optimizer, key: jax.Array, f
 def train_sft(module, params, tokenizer, dataset, config: SftConfig, key: jax.Array,
               callback: Callable[[int, dict], None] | None = None, check_rows=None,
               frozen=None, grammar: Any = None, eval_rows=None, *, run: RunLog | None = None,
-              on_event: EventHook = no_events) -> tuple[Any, list[dict]]:
+              on_event: EventHook = no_events, start: TrainState | None = None,
+              after: Sequence[AfterFn] = ()) -> tuple[Any, list[dict]]:
     """SFT for `config.steps` steps in the shared loop (`train.loop.run_loop`) -> (params, history: one dict of
     floats per step).
 
@@ -175,11 +178,16 @@ def train_sft(module, params, tokenizer, dataset, config: SftConfig, key: jax.Ar
     give their legal choices (`tokenize_sft`), decision_loss_floor, illegal_prob and choice_entropy;
     config.decision_weight weighs the decision tokens in the objective. eval_rows: held-out rows; after the
     last step `decision_eval` runs on them and the last record gets its figures prefixed `eval_`.
-    run: where each step's row goes (`train.loop.RunLog`; None: nowhere); on_event: the `sft_step` event."""
+    run: where each step's row goes (`train.loop.RunLog`; None: nowhere); on_event: the `sft_step` event.
+    start: a restored state to go on from (`train.sft_resume.restore_sft`; its params and optimizer state, its
+    step; params is then ignored); after: more after-step hooks (e.g. `sft_resume.save_hook`)."""
     data, choice_tokens, has_legal = _sft_data(tokenizer, dataset, config, grammar)
     optimizer = make_optimizer(config.optim.for_steps(config.steps))
-    params = jax.tree.map(jnp.array, params)  # a private copy: the step donates it
-    state = TrainState(params, optimizer.init(params), 0, key, frozen)
+    if start is None:
+        params = jax.tree.map(jnp.array, params)  # a private copy: the step donates it
+        state = TrainState(params, optimizer.init(params), 0, key, frozen)
+    else:
+        state = with_key(start, key, frozen)
     step = _sft_step(module, tokenizer, config, optimizer, key, frozen, data, choice_tokens, has_legal, grammar,
                      check_rows, eval_rows)
     history = []
@@ -190,7 +198,7 @@ def train_sft(module, params, tokenizer, dataset, config: SftConfig, key: jax.Ar
             callback(state.step - 1, record)
         return config.stop_when_exact and exact
 
-    state = run_loop(state, config.steps, Loop("sft_step", step, (keep,)), run, on_event)
+    state = run_loop(state, config.steps, Loop("sft_step", step, (keep, *after)), run, on_event)
     return state.params, history
 
 
@@ -199,9 +207,9 @@ def run_sft(config: ExperimentConfig, comp: Components | None = None, log=print,
     """SFT warm-up on the env's teacher rows (or `dataset`); saves the params to `<run.output_dir>/sft`.
 
     Skipped (its params returned) when that checkpoint exists already; `sft.steps = 0` returns the fresh params.
-    SFT has no checkpoint before its end: a run killed during SFT does it again from the start (the same
-    steps, so the same metrics). One trainer per output folder (`run_lock.RunLock`). on_event: called after
-    each step (`train.events`: sft_step).
+    While it runs, SFT checkpoints every `[checkpoint] every_steps` steps to `<run.output_dir>/sft_progress`, and
+    a run killed during SFT resumes from there with the same metrics (`train.sft_resume`). One trainer per
+    output folder (`run_lock.RunLock`). on_event: called after each step (`train.events`: sft_step, sft_save).
     With LoRA ([lora] rank >= 1) only the adapters are trained and saved; the frozen base is `base_params`.
     Returns policy params (`components.policy_view`).
     """
@@ -217,10 +225,55 @@ def _run_sft_locked(config: ExperimentConfig, comp: Components | None, log, data
             if ckpt.latest_step() is not None:
                 log(f"SFT checkpoint found in {folder}: skipping SFT")
                 return policy_view(comp, initial_policy(comp))
-    params = fresh_trainable(comp)
     c = config.sft
     if c.steps == 0:
-        return policy_view(comp, params)
+        return policy_view(comp, fresh_trainable(comp))
+    out = Path(config.run.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    key = stream(config.run.seed, "sft_batches")
+    progress = run_checkpointer(sft_progress_dir(config), keep=config.checkpoint.keep,
+                                async_save=config.checkpoint.async_save)
+    try:
+        start, note, stopped = restore_sft(progress, comp, make_optimizer(c.optim.for_steps(c.steps)), key, log)
+        params = fresh_trainable(comp) if start is None else None
+        dataset = sft_rows(config, comp, log) if dataset is None else dataset
+        run = RunLog(config, "sft_metrics.jsonl", "sft", c.steps, SFT_KEYS, log,
+                     resume_step=None if start is None else start.step)
+        run.notes.update(note)  # an accepted config change or more steps, in the first new row
+
+        def check_line(step: int, record: dict) -> None:
+            if "check_exact" in record:
+                log(f"SFT step {step + 1}: {100 * record['check_exact']:.2f} % of the check conversations exact "
+                    "(teacher-forced, greedy)")
+
+        check_rows = comp.env.check_rows(c.teacher, comp.env.params) if c.check_every else None
+        frozen = base_params(comp) if comp.lora is not None else None
+        eval_rows = heldout_rows(config, comp)
+        if stopped:  # the resumed step had ended SFT early (stop_when_exact)
+            params, history = start.params, []
+        else:
+            params, history = train_sft(comp.module, params, comp.tokenizer, dataset, c, key, check_line,
+                                        check_rows=check_rows, frozen=frozen,
+                                        grammar=comp.env.reply_grammar(comp.env.params), eval_rows=eval_rows,
+                                        run=run, on_event=on_event, start=start,
+                                        after=(save_hook(progress, config, on_event),))
+        run.close()
+        progress.wait()
+    finally:
+        progress.close()
+    steps_done = (0 if start is None else start.step) + len(history)
+    last = last_record(config, history)
+    result = {k[len("eval_"):]: v for k, v in last.items() if k.startswith("eval_")}
+    if result:
+        (out / "sft_eval.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        log(f"SFT held-out ({int(result['rows'])} rows): {format_eval(result)}; saved to {out / 'sft_eval.json'}")
+    if check_rows is not None and "check_exact" in last:
+        log(f"SFT: {steps_done} steps; teacher-forced check on {len(check_rows)} conversations: "
+            f"{100 * last['check_exact']:.2f} % exact, token accuracy {100 * last['check_token_accuracy']:.3f} %")
+    with run_checkpointer(folder, keep=1, async_save=False) as ckpt:
+        ckpt.save(steps_done, {"params": params}, config=config)
+    remove_progress(config)  # the finished SFT is committed: its progress checkpoints are not needed
+    return policy_view(comp, params)
     out = Path(config.run.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     dataset = sft_rows(config, comp, log) if dataset is None else dataset

@@ -114,8 +114,8 @@ def test_tictactoe_regex_and_every_legal_move():
 MALFORMED = {
     "tictactoe": ["", "4", "<move>4</move>", "<think></think>\n<move>9</move>", "<think></think>\n<move>04</move>",
                   "<think></think>\n<move>+4</move>", "<think></think>\n<move></move>", "<think></think>\n<move>4",
-                  "<think></think>\n<move>4 4</move>", "<think></think>\n<move>x</move>", "<move>4</move><think></think>",
-                  "<think></think>\n<mov>4</mov>", "<think></think>\n<move>٣</move>"],
+                  "<think></think>\n<move>4 4</move>", "<think></think>\n<move>x</move>",
+                  "<move>4</move><think></think>", "<think></think>\n<mov>4</mov>", "<think></think>\n<move>٣</move>"],
     "connect_four": ["<think></think><move>7</move>", "<move>3</move>", "<think></think><move>-1</move>",
                      "<think></think><move>03</move>", "<think></think><move>3</move"],
     "arithmetic": ["<answer></answer>", "<answer>-</answer>", "<answer>123456789</answer>", "<answer>1e3</answer>",

@@ -347,12 +347,18 @@ def gather(tree: Any) -> Any:
     """A tree of (possibly sharded) global arrays as host numpy arrays, whole, on every process (a collective);
     one process: `jax.device_get`."""
     import jax
+    import numpy as np
 
     if process_count() == 1:
         return jax.device_get(tree)
     from jax.experimental import multihost_utils
 
-    return multihost_utils.process_allgather(tree, tiled=True)
+    def leaf(x):  # a host value or an array this process holds whole is already here
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return jax.device_get(x)
+
+    return jax.tree.map(leaf, tree)
 
 
 def local_rows(num_rows: int, sharding) -> slice:

@@ -21,6 +21,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from jaxrl_llm import distributed
+
 LOG_SINKS = ("jsonl", "tensorboard", "wandb")
 
 
@@ -78,8 +80,11 @@ class WandbSink:
 
 
 def open_sinks(names: Sequence[str], output_dir: str | os.PathLike, log: Callable[[str], None] = print) -> list:
-    """The sinks `names` (`RunSection.log`) asks for besides jsonl, writing under `output_dir`."""
+    """The sinks `names` (`RunSection.log`) asks for besides jsonl, writing under `output_dir` (none but process
+    0's in a multi-host run)."""
     out, sinks = Path(output_dir), []
+    if not distributed.is_writer():
+        return sinks
     if "tensorboard" in names:
         sinks.append(TensorBoardSink(out / "tensorboard"))
     if "wandb" in names:

@@ -27,6 +27,8 @@ from typing import Any, Sequence, TextIO
 
 import numpy as np
 
+from jaxrl_llm import distributed
+
 __all__ = [
     "MetricsWriter",
     "read_metrics",
@@ -127,13 +129,18 @@ class MetricsWriter:
 
     resume_step: None starts a new log (an existing file is replaced); an int S resumes after a restart
     from step S: existing lines with step <= S are kept (a line cut by a crash is dropped), later ones
-    are removed, and new lines are appended.
+    are removed, and new lines are appended. In a multi-host run only process 0 writes (`distributed`):
+    elsewhere `write` returns the row and touches no file.
     """
 
     def __init__(self, path: str | os.PathLike, resume_step: int | None = None, sinks: Sequence = (),
                  group: str = "metrics"):
         self.path = Path(path)
         self.sinks, self.group = tuple(sinks), group  # `log_sinks`: each row's scalars also go there
+        self._file: TextIO | None = None
+        self._writes = distributed.is_writer()
+        if not self._writes:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is None:
             kept: list[dict[str, Any]] = []
@@ -149,11 +156,13 @@ class MetricsWriter:
 
     def write(self, step: int, metrics: Mapping[str, Any] | None = None, **more: Any) -> dict[str, Any]:
         """Writes {"step": step, "time": now, **metrics, **more} as one line; returns the row written."""
-        if self._file is None:
+        if self._file is None and self._writes:
             raise ValueError(f"MetricsWriter({str(self.path)!r}) is closed")
         row = {"step": int(step), "time": time.time()}
         row.update(to_jsonable(dict(metrics or {})))
         row.update(to_jsonable(more))
+        if not self._writes:
+            return row
         try:
             self._file.write(json.dumps(row) + "\n")
             self._file.flush()
@@ -332,8 +341,11 @@ def plot_metrics(paths: str | os.PathLike | Iterable[str | os.PathLike], out_png
     """Plots JSONL metrics: one subplot per metric (x = step), one line per file (runs / stages overlaid).
 
     paths: a .jsonl file, a folder (every .jsonl under it) or a list of them. keys: the metrics to draw
-    (default: those of PLOT_KEYS present, then every other numeric key). Returns the PNG's path.
+    (default: those of PLOT_KEYS present, then every other numeric key). Returns the PNG's path (in a
+    multi-host run drawn by process 0 alone).
     """
+    if not distributed.is_writer():
+        return Path(out_png)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

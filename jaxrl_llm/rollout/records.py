@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from envs.core import Env
+from jaxrl_llm import distributed
 from jaxrl_llm.rollout.rollout import Trajectory
 
 REPLY_KINDS = {-1: "not played", 0: "no tag", 1: "invalid", 2: "valid"}
@@ -88,11 +89,14 @@ def game_record(env: Env, tokenizer, trajectory: Trajectory, index: int) -> dict
 
 def write_games_jsonl(path: str | Path, env: Env, tokenizer, trajectory: Trajectory,
                       indices: Sequence[int] | None = None, extra: dict[str, Any] | None = None) -> Path:
-    """Writes games (default: all) as JSON lines to `path` (each with `extra` merged in); returns the path."""
-    trajectory = jax.device_get(trajectory)
+    """Writes games (default: all) as JSON lines to `path` (each with `extra` merged in); returns the path. In
+    a multi-host run every process calls it (the games are gathered) and process 0 alone writes."""
+    trajectory = distributed.gather(trajectory)
     if indices is None:
         indices = range(trajectory.tokens.shape[0])
     path = Path(path)
+    if not distributed.is_writer():
+        return path
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as f:
         for i in indices:
@@ -101,8 +105,9 @@ def write_games_jsonl(path: str | Path, env: Env, tokenizer, trajectory: Traject
 
 
 def games_text(env: Env, tokenizer, trajectory: Trajectory, count: int) -> str:
-    """The first `count` games as readable text blocks (a header line each, then the conversation)."""
-    trajectory = jax.device_get(trajectory)
+    """The first `count` games as readable text blocks (a header line each, then the conversation). In a
+    multi-host run every process calls it (the games are gathered from every host)."""
+    trajectory = distributed.gather(trajectory)
     blocks = []
     for i in range(count):
         r = game_record(env, tokenizer, trajectory, i)

@@ -37,7 +37,7 @@ from typing import Any, Callable
 from jaxrl_base.errors import ConfigError
 
 __all__ = ["Launch", "run", "initialize", "is_initialized", "process_index", "process_count", "is_writer",
-           "writer_only", "note_error", "fail", "finish", "default_sharding", "replicated", "all_true", "broadcast", "gather",
+           "writer_only", "write_text", "note_error", "fail", "finish", "default_sharding", "replicated", "all_true", "broadcast", "gather",
            "local_rows"]
 
 LIVENESS_S = 10  # seconds without a beat after which the watchdog takes a process for dead
@@ -136,6 +136,14 @@ def writer_only(func: Callable) -> Callable:
 
     wrapper.__name__, wrapper.__doc__ = func.__name__, func.__doc__
     return wrapper
+
+
+def write_text(path, text: str) -> None:
+    """`Path(path).write_text(text)` (UTF-8) by the writer (process 0) alone."""
+    if is_writer():
+        from pathlib import Path
+
+        Path(path).write_text(text, encoding="utf-8")
 
 
 # ---- start, failure, end ----

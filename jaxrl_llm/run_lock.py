@@ -2,7 +2,8 @@
 
 `<folder>/jaxrl_llm.lock` holds the owner's PID, host, process start time and command. The lock is a file
 created with O_EXCL, so of two processes that race for it one wins; a lock whose owner died on this host is
-taken over. Independent of checkpoints and of the experiment schema: it imports nothing of the framework.
+taken over. In a multi-host run process 0 alone holds it (`distributed.is_writer`): the other processes of the
+run write nothing there. Independent of checkpoints and of the experiment schema.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl_base.errors import CheckpointError, JaxrlError
+from jaxrl_llm import distributed
 
 __all__ = ["LOCK_FILE", "RunLock", "RunLockedError", "RunExistsError"]
 
@@ -85,6 +87,8 @@ class RunLock:
                 "since": time.strftime("%Y-%m-%d %H:%M:%S"), "command": " ".join(sys.argv)[:500]}
 
     def acquire(self) -> RunLock:
+        if not distributed.is_writer():  # multi-host: the run's lock is process 0's
+            return self
         key = str(self.path)
         if _HELD.get(key):
             _HELD[key] += 1

@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from jaxrl_base.errors import DataError
+from jaxrl_llm import distributed
 
 TFDS_EXTRA_HINT = "pip install 'jaxrl_llm[tfds]'  (tensorflow-datasets and array-record; TensorFlow is not needed)"
 
@@ -105,14 +106,18 @@ def conversation(row: dict) -> list[dict]:
 
 
 def save_sft_dataset(dataset, path: str | Path) -> None:
-    """Save a dataset (or a list of rows) with `datasets`' save_to_disk."""
+    """Save a dataset (or a list of rows) with `datasets`' save_to_disk (process 0 alone in a multi-host run)."""
+    if not distributed.is_writer():
+        return
     if not hasattr(dataset, "save_to_disk"):
         dataset = rows_to_dataset(dataset)
     dataset.save_to_disk(str(path))
 
 
 def export_jsonl(dataset, path: str | Path) -> None:
-    """Write a dataset (or a list of rows) as JSON Lines, one game a line."""
+    """Write a dataset (or a list of rows) as JSON Lines, one game a line (process 0 alone in a multi-host run)."""
+    if not distributed.is_writer():
+        return
     if hasattr(dataset, "to_list"):
         dataset = dataset.to_list()
     with open(path, "w", encoding="utf-8") as f:

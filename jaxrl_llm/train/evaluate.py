@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from jaxrl_llm import distributed
 from jaxrl_llm.algos import sft
 from jaxrl_llm.rollout import Trajectory, game_record, make_rollout
 from jaxrl_llm.train.components import Components
@@ -73,11 +74,11 @@ def evaluate(comp: Components, params, settings: Sequence[str] | None = None, nu
     for i, setting in enumerate(chosen):
         k_examples, k_play = jax.random.split(jax.random.fold_in(key, i))
         examples = comp.env.eval_examples(k_examples, num_games, setting.stage)
-        traj = jax.device_get(run(params, examples, k_play))
+        traj = distributed.gather(run(params, examples, k_play))  # multi-host: every game, on every host
         results[setting.name] = summarize(traj)
         if games_path is not None:
             records.append((setting.name, traj))
-    if games_path is not None:
+    if games_path is not None and distributed.is_writer():
         path = Path(games_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("w", encoding="utf-8") as f:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import jax
 
+from jaxrl_llm import distributed
 from jaxrl_llm.metrics import (format_metric, format_results_table, log_name, metric_kind, plot_metrics,
                                read_metrics)
 from jaxrl_llm.run_lock import RunLock
@@ -113,7 +114,7 @@ def _exactness_checks(comp, sft_params, rl_params) -> dict:
 def _write_outputs(comp, out: Path, rows: list[dict], times: dict) -> None:
     """results.md (printed too), the SFT and GRPO curves' PNGs, the wall-time split and timings.json."""
     table = format_results_table(rows, comp.env.results_columns, kinds=comp.env.metric_kinds)
-    (out / "results.md").write_text(table + "\n")
+    distributed.write_text(out / "results.md", table + "\n")  # multi-host: process 0 writes
     print(table)
     for name in ("sft", "grpo"):
         path = out / ("sft_metrics.jsonl" if name == "sft" else "metrics.jsonl")
@@ -123,7 +124,7 @@ def _write_outputs(comp, out: Path, rows: list[dict], times: dict) -> None:
             print(f"curves: {plot_metrics(path, out / f'{name}_curves.png', keys=chosen, title=f'{name} ({out})')}")
     split = ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in times.items())
     print(f"wall time: {split}")
-    (out / "timings.json").write_text(json.dumps(times, indent=1) + "\n")
+    distributed.write_text(out / "timings.json", json.dumps(times, indent=1) + "\n")
 
 
 def grpo_curve_keys(comp, present) -> list[str]:

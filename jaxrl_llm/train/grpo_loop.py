@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
+from jaxrl_llm import distributed
 from jaxrl_llm.algos.advantages import advantage_inputs, advantage_metrics
 from jaxrl_llm.algos.grpo import grpo_update_step
 from jaxrl_llm.algos.optim import make_optimizer
@@ -161,7 +162,7 @@ def write_samples(stem: Path, comp: Components, traj: Trajectory, count: int, si
     to each log sink as text `samples` at `step`)."""
     write_games_jsonl(stem.with_suffix(".jsonl"), comp.env, comp.tokenizer, traj, range(count))
     text = games_text(comp.env, comp.tokenizer, traj, count)
-    stem.with_suffix(".txt").write_text(text, encoding="utf-8")
+    distributed.write_text(stem.with_suffix(".txt"), text)  # multi-host: process 0 writes
     for sink in sinks:
         sink.text("samples", step, text)
 

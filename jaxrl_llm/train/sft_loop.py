@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_llm import distributed
 from jaxrl_llm.algos.optim import learning_rate_schedule, make_optimizer
 from jaxrl_llm.algos.sft import (SftConfig, check_group_exact, choice_token_ids, decision_eval, make_sft_step,
                                  teacher_forced_check, tokenize_sft)
@@ -265,7 +266,7 @@ def _run_sft_locked(config: ExperimentConfig, comp: Components | None, log, data
     last = last_record(config, history)
     result = {k[len("eval_"):]: v for k, v in last.items() if k.startswith("eval_")}
     if result:
-        (out / "sft_eval.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        distributed.write_text(out / "sft_eval.json", json.dumps(result, indent=1) + "\n")
         log(f"SFT held-out ({int(result['rows'])} rows): {format_eval(result)}; saved to {out / 'sft_eval.json'}")
     if check_rows is not None and "check_exact" in last:
         log(f"SFT: {steps_done} steps; teacher-forced check on {len(check_rows)} conversations: "
@@ -294,7 +295,7 @@ def _run_sft_locked(config: ExperimentConfig, comp: Components | None, log, data
     run.close()
     result = {k[len("eval_"):]: v for k, v in history[-1].items() if k.startswith("eval_")}
     if result:
-        (out / "sft_eval.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        distributed.write_text(out / "sft_eval.json", json.dumps(result, indent=1) + "\n")
         log(f"SFT held-out ({int(result['rows'])} rows): {format_eval(result)}; saved to {out / 'sft_eval.json'}")
     if check_rows is not None:
         last = history[-1]

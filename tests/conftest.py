@@ -1,25 +1,37 @@
-"""Shared test set-up: JAX on the CPU, one persistent compilation cache for the session (this process, its
-pytest-xdist workers and every subprocess a test starts), hypothesis profiles sized for a 2-core machine.
+"""Shared test set-up: JAX on the CPU, one persistent compilation cache (this process, its pytest-xdist workers
+and every subprocess a test starts), hypothesis profiles sized for a 2-core machine.
 
 The cache makes a program compiled once (the same model, the same shapes) load in milliseconds in the next
-test or subprocess: the SIGKILL tests restart a run five times. It lives in a fresh temporary folder, so
-nothing carries over between sessions; eviction is on so that JAX guards its entries with a file lock
-(concurrent workers never read a half-written entry). Set JAX_COMPILATION_CACHE_DIR to choose the folder.
+test or subprocess: the SIGKILL tests restart a run five times. It is kept between runs, in
+`~/.cache/jaxrl_llm/jax-<jax version>-tests` (XDG_CACHE_HOME respected), so a second run of the suite skips
+most compiles; JAX keys each entry by the program, the compile options, the backend and the jax version, so a
+stale hit cannot happen. XLA:CPU reads and writes it (checked by tests/test_compile_cache.py). Eviction is on,
+so JAX guards its entries with a file lock and concurrent workers never read a half-written entry.
+Set JAX_COMPILATION_CACHE_DIR to choose the folder, or JAXRL_LLM_FRESH_TEST_CACHE=1 for a temporary one
+removed at exit (to time cold compiles).
 """
 
 import atexit
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-    _cache = tempfile.mkdtemp(prefix="jaxrl_llm_test_jax_cache_")
+    if os.environ.get("JAXRL_LLM_FRESH_TEST_CACHE"):
+        _cache = tempfile.mkdtemp(prefix="jaxrl_llm_test_jax_cache_")
+        atexit.register(shutil.rmtree, _cache, True)
+    else:
+        from importlib.metadata import version
+
+        _root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        _cache = str(_root / "jaxrl_llm" / f"jax-{version('jax')}-jaxlib-{version('jaxlib')}-tests")
+        Path(_cache).mkdir(parents=True, exist_ok=True)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
-    atexit.register(shutil.rmtree, _cache, True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(8 * 2**30))
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(4 * 2**30))  # least recently used entries go first
 
 from hypothesis import HealthCheck, settings  # noqa: E402
 

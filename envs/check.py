@@ -52,10 +52,17 @@ class EnvCheckError(EnvError, AssertionError):
 
 
 def _describe(tree: Any) -> str:
-    """A short text of a pytree's leaves: shapes and dtypes."""
-    leaves = jax.tree_util.tree_leaves(tree)
-    shown = ", ".join(f"{np.dtype(getattr(x, 'dtype', type(x)))}{list(np.shape(x))}" for x in leaves[:6])
-    return f"{type(tree).__name__}({shown}{', ...' if len(leaves) > 6 else ''})"
+    """A short text of a pytree's leaves: shapes and dtypes, each named by its field when it has one, e.g.
+    "State(secret=int32[8], done=bool[8])"."""
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+
+    def name(path) -> str:
+        text = jax.tree_util.keystr(path)
+        return text[1:] + "=" if text.startswith(".") and "[" not in text else ""
+
+    shown = ", ".join(f"{name(path)}{np.dtype(getattr(x, 'dtype', type(x)))}{list(np.shape(x))}"
+                      for path, x in flat[:6])
+    return f"{type(tree).__name__}({shown}{', ...' if len(flat) > 6 else ''})"
 
 
 def _first_line(error: BaseException) -> str:

@@ -43,6 +43,7 @@ import orbax.checkpoint as ocp
 from jaxrl_base.errors import CheckpointError
 from jaxrl_base.finite import describe_non_finite, flat_names, non_finite
 from jaxrl_llm import distributed
+from jaxrl_llm.orbax_noise import silence_failed_reads
 from jaxrl_llm.checkpoint_trees import (_abstract, _flatten_metadata, _is_key, _keys_to_data, _path_str,
                                         _unflatten_metadata, _wrap_keys)
 
@@ -395,6 +396,7 @@ class Checkpointer:
         try:
             restored = self._manager.restore(step, args=ocp.args.Composite(**{STATE: args}))[STATE]
         except Exception as e:  # a truncated or deleted array file (tensorstore: OUT_OF_RANGE, NOT_FOUND, ...)
+            silence_failed_reads()  # Orbax's abandoned reads would bury the warning under their tracebacks
             raise self._damaged(step, "reading its arrays failed", e) from None
         bad = non_finite(flat_names(restored))
         if bad:  # sound files, broken values: never evaluate, export or train on them

@@ -252,7 +252,12 @@ def check_hf_folder(config: ExperimentConfig, folder: str | os.PathLike, what: s
     what = what or str(folder)
     env_file = Path(folder) / ENV_FILE
     if env_file.is_file():
-        check_env_record(json.loads(env_file.read_text()), config, what)
+        try:
+            record = json.loads(env_file.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointDamagedError(f"{env_file} is not valid JSON ({e}): the file is damaged or cut short; "
+                                         "copy or export the folder again") from None
+        check_env_record(record, config, what)
     else:
         print(f"warning: {what} records no env (no {ENV_FILE}): assuming it was trained on the config's env "
               f"{config.env.name!r}; an export writes the record")

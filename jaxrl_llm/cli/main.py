@@ -125,6 +125,10 @@ def cmd_eval(args) -> int:
     config = _load(args)
     if args.games:  # a file the user names is never replaced without --force (the run's own default is)
         refuse_overwrite(args.games, "--games", args.force)
+    if args.checkpoint:  # a folder that does not fit is named before anything is built
+        from jaxrl_llm.compat import check_checkpoint  # lazy: jax (fast --help)
+
+        check_checkpoint(config, args.checkpoint)
     comp = build(config)
     params, step, source = policy_source(config, comp, args.checkpoint)
     out = Path(args.games or Path(config.run.output_dir) / "eval_games.jsonl")
@@ -282,13 +286,13 @@ def _env_from_args(args):
         params = {".".join(key): value for key, value in map(parse_override, args.set or ())}
         return envs.make(args.env, **params)
     except (KeyError, TypeError, ValueError, ConfigError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"jaxrl-llm {args.command}: {e}", file=sys.stderr)
         return None
 
 
 def cmd_check_env(args) -> int:
-    """`envs.check_env` on an env (a registered name, an entry point or a class path): each check passed, or
-    every failure (exit 1)."""
+    """`envs.check_env` on an env (a registered name, an entry point or a class path): each check passed (then
+    any warning), or every failure on one line (exit 2, as every user error)."""
     import envs  # lazy: jax (fast --help)
 
     env = _env_from_args(args)
@@ -297,8 +301,9 @@ def cmd_check_env(args) -> int:
     try:
         passed = envs.check_env(env, max_turns=args.max_turns)
     except envs.EnvCheckError as e:
-        print(f"jaxrl-llm check-env: {e}", file=sys.stderr)
-        return 1
+        print(f"jaxrl-llm check-env: env {args.env!r} fails {len(e.failures)} check(s): {'; '.join(e.failures)}",
+              file=sys.stderr)
+        return 2
     for line in passed:
         if not line.startswith("warning:"):
             print(f"ok: {line}")

@@ -240,6 +240,14 @@ def _load_files(files: list[Path]):
         empty = [p for p in files if p.stat().st_size == 0]
         if empty:
             raise DataError(f"{empty[0]} is empty (0 bytes): it holds no conversation to train on")
+        import pyarrow.parquet as pq
+
+        for p in files:  # before `datasets`, which logs its own traceback for an unreadable file
+            try:
+                pq.read_schema(p)
+            except Exception as e:  # noqa: BLE001 - pyarrow's errors for a damaged file
+                raise DataError(f"{p}: not readable as Parquet ({type(e).__name__}: "
+                                f"{str(e).splitlines()[0][:300] if str(e) else ''}); write the file again") from None
         try:
             ds = datasets.Dataset.from_parquet([str(p) for p in files])
         except Exception as e:  # noqa: BLE001 - pyarrow's errors for a damaged file
@@ -251,8 +259,8 @@ def _load_files(files: list[Path]):
         for p in files:
             if p.stat().st_size == 0:
                 raise DataError(f"{p} is empty (0 bytes): it holds no conversation to train on")
-            head = p.read_text(encoding="utf-8", errors="replace").lstrip()[:1]
-            rows.extend(read_json_list(p) if head == "[" else read_jsonl(p))
+            head = p.read_text(encoding="utf-8", errors="replace").lstrip()[:1]  # a .json file may hold one list
+            rows.extend(read_json_list(p) if p.suffix == ".json" and head == "[" else read_jsonl(p))
         return rows_to_dataset(rows)
     raise DataError(f"cannot load a mix of file types {sorted(kinds)}: {[str(p) for p in files]}")
 

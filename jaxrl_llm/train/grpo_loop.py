@@ -33,6 +33,7 @@ from jaxrl_llm.run_lock import RunLock
 from jaxrl_llm.text import require_reply_template
 from jaxrl_llm.train.components import (Components, base_params, build, initial_policy, make_mesh,
                                         policy_view, replicate, sft_trainable, shard_params, trainable_target)
+from jaxrl_llm.train.env_values import check_env_values
 from jaxrl_llm.train.evaluate import GENERIC_SUMMARY
 from jaxrl_llm.train.events import EventHook, no_events
 from jaxrl_llm.train.keys import stream
@@ -305,6 +306,7 @@ def _run_stage(config: ExperimentConfig, comp: Components, state: TrainState, re
         metrics = jax.device_get(metrics)
         dt = time.perf_counter() - t0
         record = {k: float(v) for k, v in metrics.items()}  # learning_rate: the mean rate applied
+        check_env_values(record, comp.env, "GRPO", state.step + 1)  # a NaN reward is the env's, named first
         check_finite_step(record, "GRPO", state.step + 1,
                           f"Lower [grpo.optim] learning_rate (stage {stage}: {s.optim.learning_rate}) or raise "
                           "its eps, and check the run's samples for broken replies.")

@@ -219,13 +219,17 @@ def run_sft(config: ExperimentConfig, comp: Components | None = None, log=print,
 
 
 def _run_sft_locked(config: ExperimentConfig, comp: Components | None, log, dataset, on_event: EventHook) -> Any:
-    comp = comp or build(config)
     folder = sft_dir(config)
+    done = False
     if folder.is_dir():
         with run_checkpointer(folder, read_only=True) as ckpt:
-            if ckpt.latest_step() is not None:
-                log(f"SFT checkpoint found in {folder}: skipping SFT")
-                return policy_view(comp, initial_policy(comp))
+            done = ckpt.latest_step() is not None
+    if not done and dataset is None and config.sft.steps and config.sft.dataset is not None:
+        dataset = sft_rows(config, comp, log)  # a user's data is checked before anything is built
+    comp = comp or build(config)
+    if done:
+        log(f"SFT checkpoint found in {folder}: skipping SFT")
+        return policy_view(comp, initial_policy(comp))
     c = config.sft
     if c.steps == 0:
         return policy_view(comp, fresh_trainable(comp))

@@ -502,3 +502,19 @@ def test_a_corrupted_jsonl_file_loads_whole_or_names_its_line(case, tmp_path_fac
     message = str(info.value)
     assert re.search(rf"games\.jsonl line {bad_line}\b", message), (message, bad_line)
     assert "\n" not in message
+
+
+def test_a_training_step_names_the_env_reward_part_before_the_learning_rate():
+    import envs
+    from jaxrl_base.errors import EnvError
+    from jaxrl_llm.train.env_values import check_env_values
+
+    env = envs.make("tictactoe")
+    fine = {"loss": float("nan"), "win_reward": 0.5, "format_reward": 1.0, "invalid_reward": 0.0, "win_rate": 0.5,
+            "draw_rate": float("nan")}  # a NaN metric is "not this game's metric": allowed
+    check_env_values(fine, env, "GRPO", 1)
+    with pytest.raises(EnvError, match=r"GRPO step 1: the env 'tictactoe' gave a non-finite reward: rubric part "
+                                       r"'win' = nan"):
+        check_env_values({**fine, "win_reward": float("nan")}, env, "GRPO", 1)
+    with pytest.raises(EnvError, match=r"infinite metric \(win_rate = inf\)"):
+        check_env_values({**fine, "win_rate": float("inf")}, env, "GRPO", 3)

@@ -37,8 +37,8 @@ from typing import Any, Callable
 from jaxrl_base.errors import ConfigError
 
 __all__ = ["Launch", "run", "initialize", "is_initialized", "process_index", "process_count", "is_writer",
-           "writer_only", "write_text", "note_error", "fail", "finish", "default_sharding", "replicated", "all_true", "broadcast", "gather",
-           "local_rows"]
+           "writer_only", "write_text", "note_error", "fail", "finish", "default_sharding", "replicated", "all_true",
+           "broadcast", "gather", "place_batch", "local_rows"]
 
 LIVENESS_S = 10  # seconds without a beat after which the watchdog takes a process for dead
 BEAT_S = 1.0  # how often each watchdog beats and reads the others'
@@ -367,6 +367,26 @@ def gather(tree: Any) -> Any:
         return jax.device_get(x)
 
     return jax.tree.map(leaf, tree)
+
+
+def place_batch(array, index):
+    """`array[index]` (host data, rows picked by `index`) as a step's batch. One process: `jnp.asarray` of it. A
+    multi-host run: one global array whose rows are split over every device of the run; each process reads and
+    places only its own rows (`jax.make_array_from_process_local_data`), never the whole batch. The batch size
+    must be a multiple of the run's device count (ConfigError)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    if process_count() == 1:
+        return jnp.asarray(array[index])
+    num = len(index)
+    if num % jax.device_count():
+        raise ConfigError(f"a batch of {num} rows cannot be split evenly over the run's {jax.device_count()} devices: "
+                          f"make the batch size a multiple of {jax.device_count()}")
+    sharding = jax.sharding.NamedSharding(_mesh(), jax.sharding.PartitionSpec("all"))
+    mine = np.asarray(array[np.asarray(index)[local_rows(num, sharding)]])
+    return jax.make_array_from_process_local_data(sharding, mine, (num, *np.shape(array)[1:]))
 
 
 def local_rows(num_rows: int, sharding) -> slice:

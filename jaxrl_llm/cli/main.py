@@ -95,7 +95,8 @@ def cmd_train(args) -> int:
     from jaxrl_llm.train import fresh_start_warning, train_grpo  # lazy: jax (fast --help)
 
     if args.plan:  # planning needs no checkpoint on disk: init_from may be a folder not downloaded yet
-        return print_plan(load_config(args.config, args.set or (), check_paths=False))
+        return print_plan(load_config(args.config, args.set or (), check_paths=False), args.hosts,
+                          args.devices_per_host)
     config = _load(args)
     warning = fresh_start_warning(config)
     if warning:
@@ -105,13 +106,18 @@ def cmd_train(args) -> int:
     return 0
 
 
-def print_plan(config) -> int:
-    """`train --plan`: `memory_plan.plan` as a table, then the compiled peak of a scaled-down update."""
+def print_plan(config, hosts: int = 1, devices_per_host: int | None = None) -> int:
+    """`train --plan`: `memory_plan.plan` as a table; over several hosts (or devices) how it divides
+    (`host_plan`); then the compiled peak of a scaled-down update."""
     import jax  # lazy: jax (fast --help)
 
+    from jaxrl_llm.host_plan import format_host_plan, host_plan  # lazy: jax (fast --help)
     from jaxrl_llm.memory_plan import GIB, compiled_peak, format_plan, plan  # lazy: jax (fast --help)
 
-    print(format_plan(plan(config)))
+    result = plan(config)
+    print(format_plan(result))
+    if hosts > 1 or devices_per_host:
+        print(format_host_plan(host_plan(config, result, hosts, devices_per_host or jax.local_device_count())))
     peak = compiled_peak(config)
     print(f"compiled GRPO update on {jax.default_backend()} ({peak['shape']}): peak "
           f"{peak['peak_bytes'] / GIB:.3f} GiB (arguments {peak['argument_bytes'] / GIB:.3f}, temporaries "
@@ -354,6 +360,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--plan", action="store_true",
                        help="print the device-memory plan of the preset's GRPO stages and XLA's peak for a "
                             "scaled-down update compiled here, then exit without training")
+    train.add_argument("--hosts", type=_positive_int, default=1,
+                       help="with --plan: how the memory divides over this many hosts (the preset's [mesh])")
+    train.add_argument("--devices-per-host", type=_positive_int, default=None,
+                       help="with --plan --hosts: accelerators per host (default: this machine's)")
     ev = with_config("eval", "the env's metrics in each of its evaluation settings", cmd_eval)
     ev.add_argument("--checkpoint", default=None, help="an Orbax checkpoint folder or a Hugging Face folder (default: the run's latest)")
     ev.add_argument("--games", default=None, help="JSONL file for the games (default <output_dir>/eval_games.jsonl); "

@@ -137,11 +137,13 @@ def _sft_step(module, tokenizer, config: SftConfig, optimizer, key: jax.Array, f
         drop_key = None if frozen is None else jax.random.fold_in(drop_root, s)
         extra = {}
         if grammar is not None:
-            extra["decision_mask"] = jnp.asarray(data["decision_mask"][idx])
+            extra["decision_mask"] = distributed.place_batch(data["decision_mask"], idx)
             if has_legal:
-                extra["choice_legal"] = jnp.asarray(data["choice_legal"][idx])
-        params, opt_state, metrics = step_fn(state.params, state.opt_state, jnp.asarray(data["tokens"][idx]),
-                                             jnp.asarray(data["loss_mask"][idx]), frozen, drop_key, **extra)
+                extra["choice_legal"] = distributed.place_batch(data["choice_legal"], idx)
+        # multi-host: each process reads and places only its own rows of the batch (`distributed.place_batch`)
+        tokens, loss_mask = (distributed.place_batch(data[name], idx) for name in ("tokens", "loss_mask"))
+        params, opt_state, metrics = step_fn(state.params, state.opt_state, tokens, loss_mask, frozen, drop_key,
+                                             **extra)
         record = {k: float(v) for k, v in jax.device_get(metrics).items()}
         check_finite_step(record, "SFT", s + 1, f"Lower [sft.optim] learning_rate ({config.optim.learning_rate}) "
                           "or add warmup_steps, and check the data for rows without a loss token.")
@@ -185,7 +187,7 @@ def train_sft(module, params, tokenizer, dataset, config: SftConfig, key: jax.Ar
     data, choice_tokens, has_legal = _sft_data(tokenizer, dataset, config, grammar)
     optimizer = make_optimizer(config.optim.for_steps(config.steps))
     if start is None:
-        params = jax.tree.map(jnp.array, params)  # a private copy: the step donates it
+        params = distributed.replicated(jax.tree.map(jnp.array, params))  # a private copy: the step donates it
         state = TrainState(params, optimizer.init(params), 0, key, frozen)
     else:
         state = with_key(start, key, frozen)

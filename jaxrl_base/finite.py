@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["non_finite", "describe_non_finite"]
+__all__ = ["non_finite", "flat_names", "describe_non_finite"]
 
 
 def _floating(x: Any) -> bool:
@@ -20,9 +20,10 @@ def _floating(x: Any) -> bool:
     if dtype is None:
         return isinstance(x, float)
     try:
-        return np.issubdtype(np.dtype(dtype), np.floating) or np.issubdtype(np.dtype(dtype), np.complexfloating)
-    except TypeError:  # extended dtypes (PRNG keys), bfloat16 where numpy does not know it
-        return "float" in str(dtype)
+        dt = np.dtype(dtype)
+    except TypeError:  # extended dtypes (PRNG keys) hold no float
+        return False
+    return dt.kind in "fc" or "float" in dt.name  # ml_dtypes' bfloat16 and float8 types are of kind "V"
 
 
 def _counts(x: Any) -> tuple[int, int, int]:

@@ -26,29 +26,32 @@ def _floating(x: Any) -> bool:
     return dt.kind in "fc" or "float" in dt.name  # ml_dtypes' bfloat16 and float8 types are of kind "V"
 
 
-def _counts(x: Any) -> tuple[int, int, int]:
-    """(NaN count, infinite count, size) of one array, reduced on its own device."""
-    if type(x).__module__.startswith(("jax", "jaxlib")):
-        import jax.numpy as jnp  # lazy: the envs' checks run on host values too
-
-        nan, inf = jnp.isnan(x).sum(), jnp.isinf(x).sum()
-        return int(nan), int(inf), int(np.prod(np.shape(x)))
+def _host_counts(x: Any) -> tuple[int, int]:
+    """(NaN count, infinite count) of a host array."""
     a = np.asarray(x)
     if a.dtype.kind not in "fc":
-        a = a.astype(np.float64)
-    return int(np.isnan(a).sum()), int(np.isinf(a).sum()), int(a.size)
+        a = a.astype(np.float32)
+    return int(np.isnan(a).sum()), int(np.isinf(a).sum())
 
 
 def non_finite(named: dict[str, Any]) -> dict[str, tuple[int, int, int]]:
     """{name: (NaN count, infinite count, size)} of the floating arrays in `named` ({name: array}) that are
-    not all finite, in the order given."""
+    not all finite, in the order given. Device arrays are reduced on their devices and fetched together (one
+    transfer of two counts per array)."""
+    floating = {name: x for name, x in named.items() if x is not None and _floating(x)}
+    on_device = {name: x for name, x in floating.items() if type(x).__module__.startswith(("jax", "jaxlib"))}
+    counts: dict[str, tuple[int, int]] = {}
+    if on_device:
+        import jax  # lazy: the envs' checks run on host values too
+        import jax.numpy as jnp
+
+        pending = {name: (jnp.isnan(x).sum(), jnp.isinf(x).sum()) for name, x in on_device.items()}
+        counts = {name: (int(a), int(b)) for name, (a, b) in jax.device_get(pending).items()}
     out = {}
-    for name, x in named.items():
-        if x is None or not _floating(x):
-            continue
-        nan, inf, size = _counts(x)
+    for name, x in floating.items():
+        nan, inf = counts[name] if name in counts else _host_counts(x)
         if nan or inf:
-            out[name] = (nan, inf, size)
+            out[name] = (nan, inf, int(np.prod(np.shape(x))))
     return out
 
 

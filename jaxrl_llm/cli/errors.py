@@ -5,9 +5,8 @@
     command again to resume from it
 
 What counts as the user's: every `jaxrl_base.JaxrlError` (config, data, env, checkpoint, model; the library's
-named errors derive from them), an `OSError` (a missing file, a folder that cannot be written, a full disk) and
-the few named errors that keep another built-in base (`USER_ERRORS`). Anything else is a bug and stays a
-traceback. `JAXRL_LLM_DEBUG=1` prints the traceback of a user's error (and of Ctrl-C) before its line.
+named errors derive from them) and an `OSError` (a missing file, a folder that cannot be written, a full disk).
+Anything else is a bug and stays a traceback. `JAXRL_LLM_DEBUG=1` prints the traceback of a user's error (and of Ctrl-C) before its line.
 """
 
 from __future__ import annotations
@@ -42,11 +41,9 @@ def note_config(config: Any) -> None:
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
-    """The exception types printed as one line: `JaxrlError`, `OSError` and the named errors of other bases."""
-    from jaxrl_llm.run_lock import RunLockedError  # lazy: the run lock imports nothing heavy, but keep --help fast
-    from jaxrl_llm.train.loop import NonFiniteLossError  # lazy: jax (fast --help)
-
-    return (JaxrlError, OSError, RunLockedError, NonFiniteLossError)
+    """The exception types printed as one line: every `JaxrlError` (the library's named errors derive from one,
+    `RunLockedError` and `NonFiniteLossError` included) and `OSError` (a missing file, a full disk)."""
+    return (JaxrlError, OSError)
 
 
 def _committed_steps(folder: Path) -> list[int]:

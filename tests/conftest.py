@@ -43,3 +43,15 @@ settings.register_profile(
 )
 settings.register_profile("ci", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+def pytest_runtest_logreport(report):
+    """With JAXRL_LLM_TEST_TIMES=<file>, each test phase's duration is appended as it ends (one JSON line), so a
+    run that is stopped early still tells where its time went (pytest's --durations prints only at the end)."""
+    path = os.environ.get("JAXRL_LLM_TEST_TIMES")
+    if path:
+        import json
+
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"test": report.nodeid, "when": report.when, "s": round(report.duration, 2),
+                                "outcome": report.outcome}) + "\n")

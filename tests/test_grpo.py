@@ -39,6 +39,12 @@ def tiny():
     return config, module, init_params(config, jax.random.PRNGKey(0))
 
 
+# One static length for the update's micro-batches: each length bucket compiles its own forward and backward,
+# and these tests are about the loss, accumulation, skipping and the bonus, not the buckets (tested in
+# tests/test_grpo_update.py with 2, 3 and 5 buckets against the full-length path).
+ONE_BUCKET = dict(length_buckets=1)
+
+
 def _copy(tree):
     return jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), tree)
 
@@ -312,7 +318,7 @@ def test_entropy_bonus_steps_on_a_batch_without_reward_spread(tiny):
 
     out = {}
     for coef in (0.0, 0.5):
-        cfg = GrpoConfig(num_minibatches=2, grad_accum_steps=2, entropy_coef=coef)
+        cfg = GrpoConfig(num_minibatches=2, grad_accum_steps=2, entropy_coef=coef, **ONE_BUCKET)
         p = _copy(params)
         out[coef] = make_grpo_update(module, opt, cfg, group_size=4, temperature=1.0)(
             p, opt.init(p), tokens, mask, logq, rewards, jax.random.PRNGKey(2))
@@ -425,7 +431,7 @@ def test_gradient_accumulation_is_exact(tiny):
     lr = 0.5
     opt = optax.sgd(lr)
     cfg = GrpoConfig(loss_type="sequence-mean-token-mean", grad_accum_steps=4, shuffle=False,
-                     ratio_mask_high=5.0, compute_entropy=False)
+                     ratio_mask_high=5.0, compute_entropy=False, **ONE_BUCKET)
     adv = group_advantages(rewards, 4)
 
     @jax.jit
@@ -463,7 +469,7 @@ def test_skipping_zero_advantage_rows_gives_the_same_update(tiny):
         out = {}
         for skip in (True, False):
             cfg = GrpoConfig(num_minibatches=2, grad_accum_steps=4, skip_zero_advantage=skip,
-                             shuffle=shuffle, compute_entropy=False)
+                             shuffle=shuffle, compute_entropy=False, **ONE_BUCKET)
             p = _copy(params)
             update = make_grpo_update(module, opt, cfg, group_size=4, temperature=1.0)
             out[skip] = update(p, opt.init(p), tokens, mask, logq, rewards, jax.random.PRNGKey(1))
@@ -474,7 +480,7 @@ def test_skipping_zero_advantage_rows_gives_the_same_update(tiny):
     # which are skipped. Unskipped, their far samplers give huge ratios; skipped, only the advantaged rows count.
     assert float(out[False][2]["ratio_mean"]) > 1e3 > float(out[True][2]["ratio_mean"])
     # With a KL term every row has a gradient: nothing is skipped.
-    cfg = GrpoConfig(num_minibatches=2, grad_accum_steps=4, beta=0.1, compute_entropy=False)
+    cfg = GrpoConfig(num_minibatches=2, grad_accum_steps=4, beta=0.1, compute_entropy=False, **ONE_BUCKET)
     p = _copy(params)
     kl = make_grpo_update(module, opt, cfg, ref_params=params, group_size=4, temperature=1.0)(
         p, opt.init(p), tokens, mask, logq, rewards, jax.random.PRNGKey(1))

@@ -172,6 +172,23 @@ def initialize(launch: Launch, command: str = "jaxrl-llm") -> None:
     runtime = _Runtime(jax.process_index(), jax.process_count(), command)
     _RUNTIME = runtime
     threading.Thread(target=_watch, args=(runtime,), name="jaxrl_llm-watchdog", daemon=True).start()
+    _warm_up()
+
+
+def _warm_up() -> None:
+    """One all-reduce over every device of the run while the processes are in step (they have just met at JAX's
+    start). On the CPU, gloo builds its context for a set of devices at their first collective and waits only 30
+    s there for the other processes; built here, the context of all the devices is reused later, when one
+    process may reach a collective long after the others (a slower compile, a checkpoint to read)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    mesh = _mesh()
+    spread = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("all"))
+    zeros = jax.make_array_from_process_local_data(spread, np.zeros(jax.local_device_count(), np.float32))
+    whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    jax.block_until_ready(jax.jit(jnp.sum, out_shardings=whole)(zeros))
 
 
 def _leave(runtime: _Runtime, line: str) -> None:

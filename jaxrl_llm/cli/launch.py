@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Callable
 
-from jaxrl_base.errors import one_line
+from jaxrl_base.errors import ConfigError, one_line
 from jaxrl_llm import distributed
 
 __all__ = ["add_launch_flags", "launch_of", "run_command"]
@@ -59,7 +59,11 @@ def run_command(args: argparse.Namespace, body: Callable[[argparse.Namespace], i
     launch = launch_of(args)
     if not launch.enabled:
         return body(args)
-    launch.check()
+    try:
+        launch.check()
+    except ConfigError as error:  # flags that describe no run: one line, before anything starts
+        print(f"jaxrl-llm {args.command}: {error}", file=sys.stderr)
+        return 2
     args.func = _noting(args.func)
 
     def joined() -> int:

@@ -27,7 +27,7 @@ from jaxrl_llm.train.components import Components, trainable_target
 from jaxrl_llm.train.events import EventHook, no_events
 from jaxrl_llm.train.loop import AfterFn, TrainState, checkpoint_target, restore_state, save_state
 
-__all__ = ["SAVE_POINT", "sft_progress_dir", "restore_sft", "save_hook", "last_record", "remove_progress"]
+__all__ = ["SAVE_POINT", "sft_progress_dir", "restore_sft", "save_hook", "last_record", "remove_progress", "with_key"]
 
 SAVE_POINT = "sft_save"  # the loop event of an SFT progress checkpoint (GRPO's is "save")
 

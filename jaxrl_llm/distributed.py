@@ -288,6 +288,15 @@ def finish() -> None:
     _RUNTIME = None
 
 
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")  # gloo, a peer gone
+
+
+def _await_watchdog(line: str) -> None:
+    """Before this process reports its own exception: a collective that broke because another process died
+    or failed gives the watchdog time to name that process instead (it ends this one meanwhile)."""
+    time.sleep(LIVENESS_S + 3 * BEAT_S if any(text in line for text in PEER_LOST) else 2 * BEAT_S)
+
+
 def run(launch: Launch, body: Callable[[], int], command: str = "jaxrl-llm") -> int:
     """`body()` (a command: returns its exit code; prints its own error line) as one process of the run that
     `launch` describes, or as it is when `launch` is not enabled. A non-zero code or an exception ends every
@@ -298,8 +307,10 @@ def run(launch: Launch, body: Callable[[], int], command: str = "jaxrl-llm") -> 
     try:
         code = body()
     except BaseException as error:  # noqa: BLE001 - a bug: its traceback here, one line to the others
+        line = f"{type(error).__name__}: {error}".splitlines()[0][:500]
+        _await_watchdog(line)
         traceback.print_exc()
-        fail(f"{type(error).__name__}: {error}".splitlines()[0][:500], 1)
+        fail(line, 1)
     if code:
         fail(_last_error or f"exit code {code}", code)
     finish()

@@ -356,7 +356,8 @@ def check_env(env: Env, stage: Any = None, key: jax.Array | None = None, num_pro
               max_turns: int = 16) -> list[str]:
     """Checks `env` against the protocol (see the module docstring) on num_prompts x group_size games of at
     most `max_turns` replies from `stage` (default: the first evaluation setting's). Returns the names of the
-    checks passed, then a line "warning: ..." for each finding that does not fail (a metric never measured); raises EnvCheckError listing every failure (each group of checks stops the run when it
+    checks passed, then a line "warning: ..." for each finding that does not fail (a metric never measured);
+    raises EnvCheckError listing every failure (each group of checks stops the run when it
     leaves failures)."""
     c = _Checker(env, num_prompts, group_size)
     params = c.params

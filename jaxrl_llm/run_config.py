@@ -68,7 +68,8 @@ def config_changes(saved: Mapping[str, Any], now: Mapping[str, Any], scope: str)
     keys = list(old) + [k for k in new if k not in old]
     out = []
     for key in keys:
-        if _in(key, IGNORED) or (scope == "grpo" and _in(key, ("sft",))) or (scope == "sft" and not _in(key, SFT_SCOPE)):
+        outside = (scope == "grpo" and _in(key, ("sft",))) or (scope == "sft" and not _in(key, SFT_SCOPE))
+        if _in(key, IGNORED) or outside:
             continue
         a, b = old.get(key, MISSING), new.get(key, MISSING)
         if a != b:
@@ -107,7 +108,8 @@ def schedule_extensions(changes: list[tuple[str, Any, Any]], saved: Mapping[str,
         index = int(parts[1])
         if parts[1] in appended and index >= len(stages):  # a whole stage added after the last one
             out.append(change)
-        elif parts[2:] == ["steps"] and isinstance(new, int) and (index > current or (index == current and new >= done)):
+        elif parts[2:] == ["steps"] and isinstance(new, int) and (index > current or
+                                                                  (index == current and new >= done)):
             out.append(change)
     return out
 

@@ -380,7 +380,8 @@ def test_ctrl_c_is_one_line_naming_the_checkpoint_kept(inputs, tmp_path):
     run = _copy(inputs.run, tmp_path / "run")
     before = _snapshot(run)
     script = ("import importlib, sys, time\ncli = importlib.import_module('jaxrl_llm.cli.main')\n"
-              "def waiting(args):\n    cli._load(args)\n    print('ready', flush=True)\n    time.sleep(300)\n    return 0\n"
+              "def waiting(args):\n    cli._load(args)\n    print('ready', flush=True)\n    time.sleep(300)\n"
+              "    return 0\n"
               "cli.cmd_train = waiting\nsys.exit(cli.main(sys.argv[1:]))\n")
     argv = [sys.executable, "-c", script, "train", str(PRESET), *_settings(run)]
     env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
@@ -463,11 +464,13 @@ def corrupted_files(draw):
     if kind == "cut":
         lines[at] = lines[at][: draw(st.integers(1, len(lines[at]) - 1))]
     elif kind == "content_type":
-        row[field][0]["content"] = draw(st.one_of(st.integers(), st.none(), st.booleans(), st.lists(st.text(), max_size=2)))
+        row[field][0]["content"] = draw(st.one_of(st.integers(), st.none(), st.booleans(),
+                                                  st.lists(st.text(), max_size=2)))
     elif kind == "role_type":
         row[field][-1]["role"] = draw(st.one_of(st.integers(), st.none(), st.floats(allow_nan=False)))
     elif kind == "messages_type":
-        row[field] = draw(st.one_of(st.text(max_size=5), st.integers(), st.none(), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)))
+        row[field] = draw(st.one_of(st.text(max_size=5), st.integers(), st.none(),
+                                    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)))
     elif kind == "drop_key":
         del row[field]
     elif kind == "drop_message_key":

@@ -6,7 +6,8 @@
 
 What counts as the user's: every `jaxrl_base.JaxrlError` (config, data, env, checkpoint, model; the library's
 named errors derive from them) and an `OSError` (a missing file, a folder that cannot be written, a full disk).
-Anything else is a bug and stays a traceback. `JAXRL_LLM_DEBUG=1` prints the traceback of a user's error (and of Ctrl-C) before its line.
+Anything else is a bug and stays a traceback. `JAXRL_LLM_DEBUG=1` prints the traceback of a user's error (and
+of Ctrl-C) before its line.
 """
 
 from __future__ import annotations

@@ -14,7 +14,8 @@ from typing import Any, Sequence
 from jaxrl_base.errors import ConfigError, DataError
 from jaxrl_llm.schema import parse_override
 
-__all__ = ["load_preset", "check_preset_path", "check_overrides", "blame_overrides", "check_output_dir", "refuse_overwrite",
+__all__ = ["load_preset", "check_preset_path", "check_overrides", "blame_overrides", "check_output_dir",
+           "refuse_overwrite",
            "check_metrics_inputs"]
 
 
@@ -44,7 +45,8 @@ def check_overrides(overrides: Sequence[str]) -> None:
             raise ConfigError(f"--set {item!r}: {e.reason}") from None
 
 
-def blame_overrides(error: ConfigError, preset: Path, overrides: Sequence[str], preset_alone_loads: bool) -> ConfigError:
+def blame_overrides(error: ConfigError, preset: Path, overrides: Sequence[str],
+                    preset_alone_loads: bool) -> ConfigError:
     """A config error of preset + overrides, blamed on the `--set` it comes from when the preset alone loads:
     the override whose key is the error's key (or above it) is named, else every override."""
     if not overrides or not preset_alone_loads:

@@ -43,5 +43,6 @@ def _metric_names(env: Any, record: dict[str, Any]) -> list[str]:
     names = {m for _, m in getattr(env, "results_columns", ())} | set(getattr(env, "outcome_metrics", ()))
     kinds = getattr(env, "metric_kinds", {})
     names |= {k[: -len("_rate")] for k in record if k.endswith("_rate")}
-    names |= {k[: -len("_mean")] for k in record if k.endswith("_mean") and metric_kind(kinds, k[: -len("_mean")]) == "mean"}
+    means = {k[: -len("_mean")] for k in record if k.endswith("_mean")}
+    names |= {m for m in means if metric_kind(kinds, m) == "mean"}
     return sorted(n for n in names if n not in ("format", "reward"))

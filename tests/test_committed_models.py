@@ -17,6 +17,7 @@ COMMITTED = [
     ("cpu_exploit", "cpu_exploit.toml", "cpu_exploit"),
     ("cpu_from_reward", "cpu_from_reward.toml", "cpu_from_reward"),
     ("seed_recipe", "seed_recipe.toml", "seed_recipe"),
+    ("main", "main.toml", "main"),
     ("arithmetic_rl", "arithmetic_rl.toml", "arithmetic_rl_run6/experiment_results.md"),
 ]
 

@@ -129,7 +129,7 @@ def test_messages_match_an_independent_rendering(prompt):
     env = envs.make("arithmetic", prompt=prompt)
     seeds = np.arange(40, dtype=np.uint32) * 7919
     levels = np.arange(40) % task.NUM_LEVELS
-    states = jax.vmap(lambda s, lv: env.reset(ar.Example(s, lv), env.params))(jnp.asarray(seeds), jnp.asarray(levels))
+    states = jax.jit(jax.vmap(lambda s, lv: env.reset(ar.Example(s, lv), env.params)))(jnp.asarray(seeds), jnp.asarray(levels))
     for i in range(40):
         want = ref.problem(int(seeds[i]), int(levels[i]))
         state = jax.tree.map(lambda x: x[i], states)
@@ -167,8 +167,8 @@ def test_text_bridge_renders_exactly_the_chat_template(tok, prompt):
     tables = text.tables_for_env(tok, env)  # verifies every adjacent pair of pieces against the template
     seeds = np.asarray(jax.random.bits(jax.random.PRNGKey(7), (24,), jnp.uint32))
     levels = np.arange(24) % task.NUM_LEVELS
-    states = jax.vmap(lambda s, lv: env.reset(ar.Example(s, lv), env.params))(jnp.asarray(seeds), jnp.asarray(levels))
-    codes = jax.vmap(lambda s: env.message_codes(s, env.params))(states)
+    states = jax.jit(jax.vmap(lambda s, lv: env.reset(ar.Example(s, lv), env.params)))(jnp.asarray(seeds), jnp.asarray(levels))
+    codes = jax.jit(jax.vmap(lambda s: env.message_codes(s, env.params)))(states)
     toks, lens = jax.device_get(jax.vmap(lambda c: text.render_turn(tables, c, True, False))(codes))
     prefix = np.asarray(tables.prefix).tolist()
     for i in range(24):

@@ -812,14 +812,14 @@ def test_legal_choices_protocol():
 
     env = make("tictactoe")
     examples = env.eval_examples(jax.random.PRNGKey(0), 16, env.eval_settings()[0].stage)
-    states = jax.vmap(lambda e: env.reset(e, env.params))(examples)
+    states = jax.jit(jax.vmap(lambda e: env.reset(e, env.params)))(examples)
     legal = jax.jit(jax.vmap(lambda s: env.legal_choices(s, env.params)))(states)
     np.testing.assert_array_equal(np.asarray(legal), np.asarray(states.board) == 0)
     np.testing.assert_array_equal(jax.vmap(lambda s: env.num_legal_choices(s, env.params))(states),
                                   (np.asarray(states.board) == 0).sum(-1))
     c4 = make("connect_four")
     ex = c4.eval_examples(jax.random.PRNGKey(0), 4, c4.eval_settings()[0].stage)
-    st = jax.vmap(lambda e: c4.reset(e, c4.params))(ex)
+    st = jax.jit(jax.vmap(lambda e: c4.reset(e, c4.params)))(ex)  # jitted: eager, the opponent's search op by op is slow
     assert np.asarray(jax.jit(jax.vmap(lambda s: c4.legal_choices(s, c4.params)))(st)).shape == (4, 7)
     arithmetic = make("arithmetic")
     assert arithmetic.legal_choices(None, arithmetic.params) is None

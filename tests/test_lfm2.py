@@ -289,11 +289,12 @@ def test_last_only_logits_are_the_last_real_positions(tiny):
     B, T = 3, 9
     tokens = jax.random.randint(jax.random.PRNGKey(6), (B, T), 0, TINY.vocab_size)
     num_valid = jnp.array([9, 4, 1], jnp.int32)
-    every, c_every = module.apply({"params": params}, tokens, init_cache(TINY, B, 16), num_valid)
-    last, c_last = module.apply({"params": params}, tokens, init_cache(TINY, B, 16), num_valid, last_only=True)
+    apply = jax.jit(module.apply, static_argnames="last_only")  # one program each, not op by op
+    every, c_every = apply({"params": params}, tokens, init_cache(TINY, B, 16), num_valid)
+    last, c_last = apply({"params": params}, tokens, init_cache(TINY, B, 16), num_valid, last_only=True)
     assert last.shape == (B, 1, TINY.vocab_size)
     np.testing.assert_allclose(last[:, 0], every[jnp.arange(B), num_valid - 1], rtol=1e-6, atol=1e-6)
     for a, b in zip(jax.tree_util.tree_leaves(c_last), jax.tree_util.tree_leaves(c_every)):
         np.testing.assert_array_equal(a, b)
-    no_cache, _ = module.apply({"params": params}, tokens, last_only=True)  # without a cache: position T - 1
+    no_cache, _ = apply({"params": params}, tokens, last_only=True)  # without a cache: position T - 1
     np.testing.assert_allclose(no_cache[:, 0], full(params, tokens)[:, -1], rtol=1e-6, atol=1e-6)

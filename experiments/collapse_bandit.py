@@ -34,7 +34,8 @@ import optax
 
 from jaxrl_llm.algos.grpo import GrpoConfig, make_grpo_update
 from jaxrl_llm.algos.optim import OptimConfig, make_optimizer
-from jaxrl_llm.generate import SamplingConfig, lfm2_model_fn, make_sampler
+from jaxrl_llm.generate import SamplingConfig, make_sampler
+from models.family import cached_call
 from models.lfm2 import ATTENTION, CONV, PRESETS, Lfm2ForCausalLM, init_cache, init_params
 
 VOCAB = 16
@@ -86,7 +87,7 @@ def run(module, config, sft, prompts, lr, remedy, steps, seed):
     sconf = SamplingConfig(temperature=1.0, max_new_tokens=REPLY)
     update = make_grpo_update(module, opt, gcfg, ref_params=sft if gcfg.beta > 0 else None, group_size=GROUP,
                               temperature=sconf.temperature)
-    sampler = jax.jit(make_sampler(lfm2_model_fn(module), sconf))
+    sampler = jax.jit(make_sampler(cached_call(module), sconf))
     params = jax.tree_util.tree_map(lambda x: jnp.array(x, copy=True), sft)
     o = opt.init(params)
     batch = prompts.shape[0]

@@ -91,12 +91,13 @@ def _nbytes(tree) -> int:
 
 
 def section_decode(s, hbm):
-    from jaxrl_llm.generate import SamplingConfig, lfm2_model_fn, make_sampler
+    from jaxrl_llm.generate import SamplingConfig, make_sampler
+    from models.family import cached_call
     from models.lfm2 import init_cache
 
     cfg, module, params = _model(s["preset"], s["dtype"], s["layers"])
     weights = _nbytes(params)
-    sampler = make_sampler(lfm2_model_fn(module), SamplingConfig(greedy=True, max_new_tokens=s["decode_new"]))
+    sampler = make_sampler(cached_call(module), SamplingConfig(greedy=True, max_new_tokens=s["decode_new"]))
     rows = []
     for batch in s["decode_batches"]:
         prompt = jax.random.randint(jax.random.PRNGKey(batch), (batch, s["decode_prompt"]), 1, cfg.vocab_size)
@@ -185,11 +186,12 @@ def section_grpo(s):
 
 
 def section_correctness(s):
-    from jaxrl_llm.generate import SamplingConfig, lfm2_model_fn, make_sampler
+    from jaxrl_llm.generate import SamplingConfig, make_sampler
+    from models.family import cached_call
     from models.lfm2 import init_cache
 
     cfg, module, params = _model("tiny", "float32", s["layers"])
-    sampler = make_sampler(lfm2_model_fn(module), SamplingConfig(greedy=True, max_new_tokens=16))
+    sampler = make_sampler(cached_call(module), SamplingConfig(greedy=True, max_new_tokens=16))
     prompt = jnp.asarray(np.arange(1, 13, dtype=np.int32)[None] * 7 % cfg.vocab_size)
     lengths = jnp.array([12], jnp.int32)
     tokens = {}

@@ -26,7 +26,7 @@ from jaxrl_llm.checkpoint import (CheckpointDamagedError, CheckpointMismatchErro
                                   Checkpointer)
 from jaxrl_llm.config import ExperimentConfig, config_from_dict, config_to_dict, dump_config
 from jaxrl_llm.text.tokenizer import ASSET_DIR
-from models.lfm2 import Lfm2Config
+from models.family import config_from_pretrained
 from models.lora import LoraConfig
 
 __all__ = [
@@ -153,7 +153,7 @@ def config_meta(config: ExperimentConfig) -> dict[str, Any]:
     if record is not None:
         out["tokenizer"] = record
     try:
-        out["model"] = json.loads(json.dumps(dataclasses.asdict(config.model.lfm2_config())))
+        out["model"] = json.loads(json.dumps(dataclasses.asdict(config.model.model_config())))
     except (OSError, ValueError):  # init_from not readable here: compare the model section instead
         pass
     return out
@@ -269,11 +269,12 @@ def check_hf_folder(config: ExperimentConfig, folder: str | os.PathLike, what: s
 def check_hf_architecture(config: ExperimentConfig, folder: str | os.PathLike) -> None:
     """The model in a Hugging Face folder's config.json must be the config's (CheckpointMismatchError naming
     each differing field with both values)."""
-    saved, mine = Lfm2Config.from_pretrained(folder), config.model.lfm2_config()
-    fields = ("num_hidden_layers", "hidden_size", "vocab_size", "intermediate_size", "num_attention_heads",
-              "num_key_value_heads", "layer_types", "tie_word_embeddings", "conv_bias")
+    saved, mine = config_from_pretrained(folder), config.model.model_config()
+    if type(saved) is not type(mine):
+        raise CheckpointMismatchError(f"{folder} holds a {saved.model_type} model ({saved.architecture}) but the "
+                                      f"config builds a {mine.model_type} one: use the preset it was trained with")
     differ = [f"{name}: {getattr(saved, name)!r} there, {getattr(mine, name)!r} in the config"
-              for name in fields if getattr(saved, name) != getattr(mine, name)]
+              for name in saved.ARCH_FIELDS if getattr(saved, name) != getattr(mine, name)]
     if differ:
         raise CheckpointMismatchError(f"{folder} holds another model than the config builds ({'; '.join(differ)}): "
                                       "use the preset it was trained with")

@@ -3,8 +3,8 @@
 An experiment is one `ExperimentConfig`. Each TOML table is the dataclass that uses it (one dataclass per
 concept, no mirrors here):
 
-    [model]            preset (a name of `models.lfm2.PRESETS`) or init_from (an HF folder), plus any
-                       `models.lfm2.Lfm2Config` field as an override            -> ModelSection
+    [model]            preset (a name of `models.family.PRESETS`: LFM2 or Qwen3) or init_from (an HF
+                       folder), plus any field of that family's config as an override -> ModelSection
     [tokenizer]        path (absent = the project's own tokenizer)              -> TokenizerSection
     [env]              name (a registered env, `envs.make`)                     -> EnvSection
       [env.params]     the env's `Params` (e.g. Tic-Tac-Toe's prompt and rubric)
@@ -44,10 +44,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
+from jaxrl_base.errors import ModelError
 from jaxrl_llm.algos.grpo_config import GrpoConfig
 from jaxrl_llm.algos.optim import OptimConfig
 from jaxrl_llm.algos.sft import SftConfig
-from jaxrl_llm.checks import ConfigError, EnvBound, check_int, check_str
+from jaxrl_llm.checks import ConfigError, EnvBound, check_choice, check_int, check_str
 from jaxrl_llm.generate.sampler import SamplingConfig
 from jaxrl_llm.model_section import ModelSection
 from jaxrl_llm.rollout.rollout import RolloutConfig
@@ -93,12 +94,22 @@ class _Section(Section):
 # Sections
 # ----------------------------------------------------------------------------------------------------------
 
+CHAT_TEMPLATES = ("chatml", "lfm2")  # `[tokenizer] chat_template`: `text.tokenizer.chat_template(name)`
+
 
 @dataclasses.dataclass(frozen=True)
 class TokenizerSection(_Section):
-    """`path`: a Hugging Face tokenizer folder; None = the project's tokenizer (`text.load_tokenizer`)."""
+    """`path`: a Hugging Face tokenizer folder; None = the project's tokenizer (`text.load_tokenizer`).
+    `chat_template`: None keeps the tokenizer's own; "chatml" sets Qwen's ChatML that writes replies as they
+    are (`text.tokenizer.CHATML_TEMPLATE`: for Qwen3's tokenizer, whose released template rewrites earlier
+    replies, which the text bridge refuses); "lfm2" sets LFM2's (`CHAT_TEMPLATE`). An export saves it."""
 
     path: str | None = None
+    chat_template: str | None = None
+
+    def _validate(self) -> None:
+        if self.chat_template is not None:
+            check_choice(self, "chat_template", CHAT_TEMPLATES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -357,7 +368,7 @@ class ExperimentConfig(_Section):
         self._resolve_env_types(env_cls)
         max_pos = None
         if self.model.init_from is None:
-            max_pos = self.model.lfm2_config().max_position_embeddings
+            max_pos = self.model.model_config().max_position_embeddings
             for where, ctx in [(("rollout", "context_length"), self.rollout.context_length),
                                (("eval", "rollout", "context_length"), self.eval.rollout.context_length),
                                *[(("grpo", i, "rollout", "context_length"), s.rollout.context_length)
@@ -451,10 +462,14 @@ def config_from_dict(data: Mapping[str, Any]) -> ExperimentConfig:
 def _check_paths(config: ExperimentConfig) -> None:
     folder = config.model.init_from
     if folder is not None and not os.path.isfile(os.path.join(folder, "config.json")):
-        raise ConfigError(f"{folder!r} is not a folder with a config.json (a Hugging Face LFM2 checkpoint)",
+        raise ConfigError(f"{folder!r} is not a folder with a config.json (a Hugging Face checkpoint of a "
+                          "supported family: LFM2, Qwen3)",
                           ("model", "init_from"))
     if folder is not None:
-        config.model.lfm2_config()  # the overrides must fit the checkpoint's architecture
+        try:
+            config.model.model_config()  # a supported family, and the overrides must fit its architecture
+        except ModelError as e:
+            raise ConfigError(str(e), ("model", "init_from")) from None
     if config.tokenizer.path is not None and not os.path.exists(config.tokenizer.path):
         raise ConfigError(f"{config.tokenizer.path!r} does not exist", ("tokenizer", "path"))
     if config.sft.dataset is not None and not os.path.exists(config.sft.dataset):

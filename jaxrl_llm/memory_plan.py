@@ -7,20 +7,23 @@
     optimizer     AdamW's two float32 moments of what is trained
     reference     a second copy of the weights for the KL term: beta > 0 without LoRA; 0 otherwise
                   (beta = 0 needs none; LoRA's reference is the frozen base itself)
-    kv_cache      the rollout's cache: per attention layer keys + values [B, kv_heads, context, head_dim],
-                  per conv layer its state [B, conv_L_cache - 1, hidden], in cache_dtype; B = the stage's games
+    kv_cache      the rollout's cache (`models.family.init_cache`, its real shapes): per attention layer keys
+                  + values [B, kv_heads, context, head_dim], per LFM2 conv layer its state
+                  [B, conv_L_cache - 1, hidden], in cache_dtype; B = the stage's games
     activations   an estimate for one micro-batch of the update (rows = B / micro-batches, T = context):
                   float32 logits and log-softmax [rows, K, V] x 2, K = the loss positions a row can hold
                   (max_completion_tokens rounded up to 8) with `logits_at_loss_only`, else T; the table
                   also shows both (`activations_all_positions`, `activations_loss_positions`); plus with
                   remat one hidden state
-                  [rows, T, hidden] per layer and one layer's working set ([rows, T, 4 hidden + 3 inter]),
+                  [rows, T, hidden] per layer and one layer's working set ([rows, T, 4 hidden + 3 inter],
+                  inter = the config's intermediate_size),
                   without remat that working set for every layer (compute dtype)
     total         their sum, for the stage that needs most
 
 The model comes from the preset (or `model.init_from`'s config.json; when that folder is not on this
-machine, the built-in preset its name matches, e.g. LFM2-350M -> "lfm2-350m"). `compiled_peak` lowers and
-compiles the real GRPO update on the CPU for a scaled-down shape and reads XLA's `memory_analysis()`.
+machine, the built-in preset its name matches, e.g. LFM2-350M -> "lfm2-350m", Qwen3-0.6B -> "qwen3-0.6b"),
+of any family: it is reached through the seam (`models.family`). `compiled_peak` lowers and compiles the
+real GRPO update on the CPU for a scaled-down shape and reads XLA's `memory_analysis()`.
 """
 
 from __future__ import annotations
@@ -37,28 +40,29 @@ GIB = 2**30
 
 
 def model_config(config) -> Any:
-    """The preset's Lfm2Config; an `init_from` folder missing here falls back to the preset of its name."""
-    from models import lfm2
+    """The preset's model config (any family); an `init_from` folder missing here falls back to the preset
+    of its name."""
+    from models.family import PRESETS
 
     init_from = config.model.init_from
     if init_from is not None and not (Path(init_from) / "config.json").is_file():
         name = Path(init_from).name.lower()
-        if name not in lfm2.PRESETS:
+        if name not in PRESETS:
             raise FileNotFoundError(f"model.init_from = {init_from!r} is not on this machine and its name matches no "
-                                    f"built-in preset ({', '.join(lfm2.PRESETS)}): download it, or plan with "
+                                    f"built-in preset ({', '.join(PRESETS)}): download it, or plan with "
                                     "--set model.preset=... and without init_from")
-        return dataclasses.replace(lfm2.PRESETS[name], **config.model.overrides())
-    return config.model.lfm2_config()
+        return dataclasses.replace(PRESETS[name], **config.model.overrides())
+    return config.model.model_config()
 
 
 def _bytes(tree) -> int:
     return sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize for x in jax.tree_util.tree_leaves(tree))
 
 
-def param_shapes(lfm2_config):
-    from models.lfm2 import init_params
+def param_shapes(model_config):
+    from models.family import param_shapes
 
-    return jax.eval_shape(lambda: init_params(lfm2_config, jax.random.PRNGKey(0)))
+    return param_shapes(model_config)
 
 
 def plan(config) -> dict[str, Any]:
@@ -73,15 +77,14 @@ def plan(config) -> dict[str, Any]:
         trained = _bytes(jax.eval_shape(lambda: lora_lib.init_adapters(config.lora, shapes, jax.random.PRNGKey(0))))
     else:
         trained = count * 4
+    from models.family import init_cache
+
     compute = jnp.dtype(cfg.jnp_dtype).itemsize
-    cache = jnp.dtype(cfg.jnp_cache_dtype).itemsize
-    n_attn = len(cfg.attention_layers)
-    n_conv = cfg.num_hidden_layers - n_attn
     stages = []
     for i, s in enumerate(config.grpo):
         B, T = s.batch_size, s.rollout.context_length
-        kv = n_attn * 2 * B * cfg.num_key_value_heads * T * cfg.head_dim * cache
-        kv += n_conv * B * (cfg.conv_L_cache - 1) * cfg.hidden_size * cache
+        cache_shapes = jax.eval_shape(lambda: init_cache(cfg, B, T))
+        kv = _bytes(cache_shapes) - _bytes(cache_shapes.lengths)
         rows = max(1, B // s.grpo_config().micro_batches)
         gcfg = s.grpo_config()
         loss_positions = min(T, -(-(gcfg.max_completion_tokens or T) // 8) * 8)
@@ -105,24 +108,25 @@ def compiled_peak(config, layers: int = 2, rows: int = 2, length: int = 64) -> d
     """XLA's memory analysis of the real GRPO update (`algos.grpo.grpo_update_step`) compiled on this
     backend for the preset's model cut to `layers` layers, a batch of `rows` x `length` tokens, one
     micro-batch. With [lora] rank >= 1 it is the LoRA update (adapters trained, gradients and optimizer state
-    for them alone, the base frozen). -> {"shape", "argument_bytes", "output_bytes", "temp_bytes", "peak_bytes"}."""
+    for them alone, the base frozen). `model.attention = "cudnn"` compiles with XLA's attention off a GPU (the
+    fused kernel needs one). -> {"shape", "argument_bytes", "output_bytes", "temp_bytes", "peak_bytes"}."""
     from jaxrl_llm.algos.grpo import grpo_update_step
     from jaxrl_llm.algos.optim import make_optimizer
-    from models.lfm2 import Lfm2ForCausalLM
+    from models.family import module_of
 
-    cfg = model_config(config)
-    types = tuple(cfg.layer_types[:layers])
-    cfg = cfg.replace(num_hidden_layers=layers, layer_types=types)
+    cfg = model_config(config).first_layers(layers)
+    if cfg.attention == "cudnn" and jax.default_backend() not in ("gpu", "cuda"):
+        cfg = cfg.replace(attention="xla")  # cuDNN's fused kernel needs a GPU: the same shapes through XLA's here
     stage = config.grpo[0]
     gcfg = dataclasses.replace(stage.grpo_config(), num_minibatches=1, grad_accum_steps=1, passes=1, beta=0.0)
     optimizer = make_optimizer(stage.optim_config())
-    module = Lfm2ForCausalLM(cfg)
+    module = module_of(cfg)
     params = param_shapes(cfg)
     frozen = None
     if config.lora.enabled:  # the update GRPO runs: adapters on the frozen base
         from models import lora as lora_lib
 
-        module = lora_lib.LoraLfm2(module, config.lora)
+        module = lora_lib.LoraModel(module, config.lora)
         frozen = params
         params = jax.eval_shape(lambda: lora_lib.init_adapters(config.lora, frozen, jax.random.PRNGKey(0)))
     opt_state = jax.eval_shape(optimizer.init, params)

@@ -1,5 +1,9 @@
-"""The `[model]` table of an experiment: `ModelSection`, a preset name or a Hugging Face folder, plus any
-`models.lfm2.Lfm2Config` field written flat in the table as an override of the architecture.
+"""The `[model]` table of an experiment: `ModelSection`, a preset name or a Hugging Face folder, plus any field
+of the model family's config written flat in the table as an override of the architecture.
+
+The family comes from the preset (`models.family.PRESETS`: LFM2's "tiny", "cpu-5m", "lfm2-350m", ...; Qwen3's
+"qwen3-tiny", "qwen3-cpu", "qwen3-0.6b", ...) or, with `init_from`, from the folder's config.json
+(`model_type`); the model is reached only through the seam (`models.family`).
 """
 
 from __future__ import annotations
@@ -20,24 +24,20 @@ def _as_tuple(value: Any) -> tuple:
     return tuple(value) if isinstance(value, (list, tuple)) else (value,)
 
 
-# Architecture fields that change parameter shapes (with model.init_from they must equal the checkpoint's).
-_SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                 "num_key_value_heads", "layer_types")
-
-
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
-    """The model: `preset` (a name of `models.lfm2.PRESETS`) or, when set, `init_from` (a Hugging Face
-    LFM2 folder: architecture from its config.json, weights loaded from it; `preset` is then unused).
-    `arch` holds the `Lfm2Config` fields the TOML table sets besides those two (written flat in `[model]`,
-    e.g. `hidden_size = 128`); each overrides the architecture's value."""
+    """The model: `preset` (a name of `models.family.PRESETS`, of any family) or, when set, `init_from` (a
+    Hugging Face folder of a supported family: architecture from its config.json, weights loaded from it;
+    `preset` is then unused). `arch` holds the config fields the TOML table sets besides those two (written
+    flat in `[model]`, e.g. `hidden_size = 128`); each overrides the architecture's value and must be a
+    field of the model's family."""
 
     preset: str = "tiny"
     init_from: str | None = None
     arch: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
-        from models import lfm2
+        from models import family as fam
 
         check_str(self, "preset")
         if self.init_from is not None:
@@ -46,20 +46,27 @@ class ModelSection:
         if len(arch) != len(self.arch):
             raise ConfigError("sets a field twice", ("arch",), "ModelSection")
         for name in arch:
-            if name in ("preset", "init_from") or name not in _lfm2_hints():
+            if name in ("preset", "init_from") or name not in _field_types():
                 raise _unknown_model_key(name)
-        object.__setattr__(self, "arch", tuple(sorted(arch.items(), key=lambda kv: list(_lfm2_hints()).index(kv[0]))))
+        order = list(_field_types())
+        object.__setattr__(self, "arch", tuple(sorted(arch.items(), key=lambda kv: order.index(kv[0]))))
         if self.init_from is None:
-            check_choice(self, "preset", tuple(lfm2.PRESETS))
+            check_choice(self, "preset", tuple(fam.PRESETS))
+            config_cls = type(fam.PRESETS[self.preset])
+            other = [n for n in arch if n not in config_cls.__dataclass_fields__]
+            if other:
+                raise _unknown_model_key(other[0], config_cls, self.preset)
         for name in ("dtype", "param_dtype"):
             if arch.get(name) is not None and arch[name] not in DTYPES:
                 raise ConfigError(f"must be one of {', '.join(map(repr, DTYPES))} (got {arch[name]!r})", (name,))
-        for i, kind in enumerate(arch.get("layer_types") or ()):
-            if kind not in lfm2.LAYER_TYPES:
-                raise ConfigError(f"unknown layer type {kind!r}; use 'conv' or 'full_attention'", ("layer_types", i))
-        if self.init_from is None:  # the architecture is known now: check it (no file access, no compile)
-            try:
-                self.lfm2_config()
+        if self.init_from is None:
+            layer_types = type(fam.PRESETS[self.preset]).LAYER_TYPES
+            for i, kind in enumerate(arch.get("layer_types") or ()):
+                if kind not in layer_types:
+                    raise ConfigError(f"unknown layer type {kind!r}; use {' or '.join(map(repr, layer_types))}",
+                                      ("layer_types", i))
+            try:  # the architecture is known now: check it (no file access, no compile)
+                self.model_config()
             except ConfigError:
                 raise
             except ValueError as e:
@@ -68,8 +75,8 @@ class ModelSection:
                 raise ConfigError(f"{e} (preset {self.preset!r} with the overrides)", (field,) if field else ()) from None
 
     def __getattr__(self, name: str) -> Any:
-        """`model.hidden_size` etc.: the override this section sets for an Lfm2Config field (None if unset)."""
-        if name.startswith("_") or name == "arch" or name not in _lfm2_hints():
+        """`model.hidden_size` etc.: the override this section sets for a config field (None if unset)."""
+        if name.startswith("_") or name == "arch" or name not in _field_types():
             raise AttributeError(f"ModelSection has no attribute {name!r}")
         return dict(self.arch).get(name)
 
@@ -80,7 +87,7 @@ class ModelSection:
 
     @classmethod
     def _from_table(cls, table: Mapping[str, Any], context: BuildContext = BuildContext()) -> "ModelSection":
-        arch_types = _lfm2_hints()
+        arch_types = _field_types()
         kwargs, arch = {}, []
         for key, value in table.items():
             if key in ("preset", "init_from"):
@@ -102,35 +109,52 @@ class ModelSection:
         return out
 
     def overrides(self) -> dict[str, Any]:
-        """The Lfm2Config fields this section sets."""
+        """The config fields this section sets."""
         return {k: v for k, v in self.arch if v is not None}
 
-    def lfm2_config(self):
-        """-> models.lfm2.Lfm2Config: the preset (or `init_from`'s config.json) with the overrides applied."""
-        from models import lfm2
+    def model_config(self):
+        """-> the family's config (`models.lfm2.Lfm2Config`, `models.qwen3.Qwen3Config`): the preset (or
+        `init_from`'s config.json) with the overrides applied."""
+        from models import family as fam
 
         over = self.overrides()
         if self.init_from is not None:
-            saved = lfm2.Lfm2Config.from_pretrained(self.init_from)
-            clash = [n for n in _SHAPE_FIELDS if n in over and tuple(_as_tuple(over[n])) != tuple(_as_tuple(getattr(saved, n)))]
+            saved = fam.config_from_pretrained(self.init_from)
+            fields = type(saved).__dataclass_fields__
+            other = [n for n in over if n not in fields]
+            if other:
+                raise ConfigError(
+                    f"model.init_from = {self.init_from!r} holds a {saved.model_type} model, which has no field "
+                    f"{other[0]!r}; remove it (the fields of {type(saved).__name__}: {', '.join(fields)})",
+                    ("model", other[0]))
+            clash = [n for n in saved.ARCH_FIELDS if n in over
+                     and tuple(_as_tuple(over[n])) != tuple(_as_tuple(getattr(saved, n)))]
             if clash:
                 detail = ", ".join(f"model.{n} = {over[n]!r} (the checkpoint has {getattr(saved, n)!r})" for n in clash)
                 raise ConfigError(
                     f"model.init_from = {self.init_from!r} fixes the architecture (its config.json) and {detail} "
                     f"would not fit its weights; remove the override or make it match", ("model", clash[0]))
             return dataclasses.replace(saved, **over)
-        return dataclasses.replace(lfm2.PRESETS[self.preset], **over)
+        return dataclasses.replace(fam.PRESETS[self.preset], **over)
 
 
-def _lfm2_hints() -> dict[str, Any]:
-    from models.lfm2 import Lfm2Config
+def _field_types() -> dict[str, Any]:
+    """The config fields of every family with their types (a field two families share has one type)."""
+    from models.family import FAMILIES
 
-    return hints(Lfm2Config)
+    out: dict[str, Any] = {}
+    for f in FAMILIES.values():
+        for name, kind in hints(f.config).items():
+            out.setdefault(name, kind)
+    return out
 
 
-def _unknown_model_key(key: str) -> ConfigError:
-    names = ["preset", "init_from", *_lfm2_hints()]
+def _unknown_model_key(key: str, config_cls: type | None = None, preset: str | None = None) -> ConfigError:
+    names = ["preset", "init_from", *(config_cls.__dataclass_fields__ if config_cls else _field_types())]
     close = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(names)}"
-    return ConfigError(f"unknown key {key!r}{hint} (besides preset and init_from, [model] takes "
-                       f"models.lfm2.Lfm2Config fields)", (key,))
+    if config_cls is not None:
+        return ConfigError(f"unknown key {key!r} for preset {preset!r}, a {config_cls.model_type} model{hint} "
+                           f"(besides preset and init_from, [model] takes {config_cls.__name__} fields)", (key,))
+    return ConfigError(f"unknown key {key!r}{hint} (besides preset and init_from, [model] takes the fields of a "
+                       "model family's config: models.lfm2.Lfm2Config, models.qwen3.Qwen3Config)", (key,))

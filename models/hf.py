@@ -1,13 +1,15 @@
-"""Hugging Face checkpoint import/export for LFM2 (safetensors only, no torch, no pickle).
+"""Hugging Face checkpoint import/export for every family of the seam (safetensors only, no torch, no pickle).
 
-    model = load_hf("path/to/LFM2-350M")            # folder with config.json + model.safetensors (or an index)
+    model = load_hf("path/to/Qwen3-0.6B")           # config.json + model.safetensors (or an index); LFM2 or Qwen3
     logits = model(tokens)                           # int32[B, T] -> float32[B, T, V], jitted
-    save_hf(model, "out/")                           # transformers.Lfm2ForCausalLM.from_pretrained("out/") works
+    save_hf(model, "out/")                           # transformers.AutoModelForCausalLM.from_pretrained("out/") works
 
-Names and layouts: HF `model.layers.{i}.<module path>.weight` <-> Flax `layers_{i}/<module path>/kernel`
-(Dense kernels transposed: torch [out, in] -> Flax [in, out]; the depthwise conv weight [D, 1, K] -> [K, D];
-norms `weight` -> `scale`; `model.embed_tokens.weight` -> `embed_tokens/embedding`; untied `lm_head.weight`
--> `lm_head/kernel`).
+The family comes from config.json's `model_type` (`models.family`; another one is an UnsupportedModelError
+listing the supported ones). Names and layouts are the seam's (`models.family.hf_tensor_names`, `to_hf`,
+`to_flax`): HF `model.layers.{i}.<module path>.weight` <-> Flax `layers_{i}/<module path>/kernel` (Dense
+kernels transposed: torch [out, in] -> Flax [in, out]; norms `weight` -> `scale`; `model.embed_tokens.weight`
+-> `embed_tokens/embedding`; untied `lm_head.weight` -> `lm_head/kernel`; a family's own layouts, e.g.
+LFM2's depthwise conv weight [D, 1, K] -> [K, D]).
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ import jax.numpy as jnp
 
 from jaxrl_base.errors import ModelError
 from jaxrl_base.finite import describe_non_finite, non_finite
-from models.lfm2 import Lfm2Cache, Lfm2Config, Lfm2ForCausalLM, init_cache
+from models import family as fam
 
 _SINGLE = "model.safetensors"
 _INDEX = "model.safetensors.index.json"
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # non-persistent buffers some exporters write
+
+
 class HfCheckpointError(ModelError):
     """A Hugging Face folder that cannot be loaded as it is (pickled or damaged weights, tensors that do not fit
     config.json); the message names the file or tensor, what is wrong and what to do."""
@@ -44,106 +48,46 @@ _CONVERT_HINT = (
 
 
 @dataclasses.dataclass(eq=False)
-class Lfm2:
-    """An LFM2 model: `config`, Flax `params` (plain arrays) and the `module`.
+class Model:
+    """A model of any family: `config` (its family's config), Flax `params` (plain arrays) and the `module`.
 
     `model(tokens)`: tokens int32[B, T] -> logits float32[B, T, V], the full causal forward, jitted
     (compiled once per input shape). `model.apply(tokens, cache, num_valid)` is the cached path of
-    `Lfm2ForCausalLM.__call__` (not jitted); `model.init_cache(batch, max_len)` makes an empty cache.
+    `models.decoder.CausalLM.__call__` (not jitted); `model.init_cache(batch, max_len)` makes an empty cache.
     """
 
-    config: Lfm2Config
+    config: Any
     params: Any
-    module: Lfm2ForCausalLM = None  # type: ignore[assignment]
+    module: Any = None
     _forward: Callable = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if self.module is None:
-            self.module = Lfm2ForCausalLM(self.config)
+            self.module = fam.module_of(self.config)
         self._forward = functools.partial(_forward, self.module)
+
+    @property
+    def family(self) -> str:
+        """The family's model_type ("lfm2", "qwen3")."""
+        return self.config.model_type
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         """tokens int32[B, T] -> logits float32[B, T, V] (full causal forward over positions 0..T-1)."""
         return self._forward(self.params, jnp.asarray(tokens, jnp.int32))
 
-    def apply(self, tokens: jax.Array, cache: Lfm2Cache | None = None,
-              num_valid: jax.Array | None = None) -> tuple[jax.Array, Lfm2Cache | None]:
-        """`Lfm2ForCausalLM.__call__` with these params: (logits float32[B, T, V], new cache or None)."""
+    def apply(self, tokens: jax.Array, cache: Any = None, num_valid: jax.Array | None = None) -> tuple[jax.Array, Any]:
+        """The module's call with these params: (logits float32[B, T, V], new cache or None)."""
         return self.module.apply({"params": self.params}, tokens, cache, num_valid)
 
-    def init_cache(self, batch: int, max_len: int, dtype=None) -> Lfm2Cache:
-        """`models.lfm2.init_cache(self.config, batch, max_len, dtype)`."""
-        return init_cache(self.config, batch, max_len, dtype)
+    def init_cache(self, batch: int, max_len: int, dtype=None):
+        """`models.family.init_cache(self.config, batch, max_len, dtype)`."""
+        return fam.init_cache(self.config, batch, max_len, dtype)
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _forward(module: Lfm2ForCausalLM, params: Any, tokens: jax.Array) -> jax.Array:
+def _forward(module: Any, params: Any, tokens: jax.Array) -> jax.Array:
     # module is static (hashable by config): equal configs share one compiled function per shape
     return module.apply({"params": params}, tokens)[0]
-
-
-# --------------------------------------------------------------------------------------------------
-# Name / layout mapping
-# --------------------------------------------------------------------------------------------------
-
-
-def _hf_name(path: tuple[str, ...]) -> str:
-    """Flax param path -> HF tensor name, e.g. ('layers_2', 'self_attn', 'q_proj', 'kernel') ->
-    'model.layers.2.self_attn.q_proj.weight'."""
-    *mods, leaf = path
-    leaf = "bias" if leaf == "bias" else "weight"
-    if mods == ["lm_head"]:
-        return f"lm_head.{leaf}"
-    parts = [f"layers.{m[len('layers_'):]}" if m.startswith("layers_") else m for m in mods]
-    return "model." + ".".join(parts + [leaf])
-
-
-def _is_conv_kernel(path: tuple[str, ...]) -> bool:
-    return len(path) >= 3 and path[-3:] == ("conv", "conv", "kernel")
-
-
-def _to_flax(path: tuple[str, ...], t):
-    """HF tensor -> Flax layout."""
-    if _is_conv_kernel(path):  # [D, 1, K] -> [K, D]
-        return t.reshape(t.shape[0], t.shape[-1]).T
-    if path[-1] == "kernel":  # torch Linear [out, in] -> [in, out]
-        return t.T
-    return t
-
-
-def _to_hf(path: tuple[str, ...], a):
-    """Flax array -> HF layout."""
-    if _is_conv_kernel(path):  # [K, D] -> [D, 1, K]
-        return a.T[:, None, :]
-    if path[-1] == "kernel":
-        return a.T
-    return a
-
-
-def _hf_shape(path: tuple[str, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
-    if _is_conv_kernel(path):
-        return (shape[1], 1, shape[0])
-    if path[-1] == "kernel":
-        return tuple(reversed(shape))
-    return tuple(shape)
-
-
-def _param_paths(config: Lfm2Config) -> dict[tuple[str, ...], jax.ShapeDtypeStruct]:
-    """Every Flax param path of this config with its expected shape."""
-    module = Lfm2ForCausalLM(config)
-    shapes = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32))["params"])
-    flat = jax.tree_util.tree_flatten_with_path(shapes)[0]
-    return {tuple(k.key for k in keypath): leaf for keypath, leaf in flat}
-
-
-def _unflatten(flat: dict[tuple[str, ...], Any]) -> dict:
-    tree: dict = {}
-    for path, value in flat.items():
-        node = tree
-        for p in path[:-1]:
-            node = node.setdefault(p, {})
-        node[path[-1]] = value
-    return tree
 
 
 # --------------------------------------------------------------------------------------------------
@@ -200,31 +144,47 @@ def _read_tensors(files: list[str]) -> dict[str, Any]:
     return tensors
 
 
-def params_from_hf(config: Lfm2Config, tensors: dict[str, Any], where: str = "checkpoint") -> dict:
-    """HF-named tensors (`model.layers.0.conv.in_proj.weight`, ...) -> Flax params in `config.param_dtype`.
+def _unflatten(flat: dict[tuple[str, ...], Any]) -> dict:
+    tree: dict = {}
+    for path, value in flat.items():
+        node = tree
+        for p in path[:-1]:
+            node = node.setdefault(p, {})
+        node[path[-1]] = value
+    return tree
 
-    Raises ValueError naming a missing, unexpected or wrongly shaped tensor.
+
+def _expected(config: Any) -> dict[tuple[str, ...], jax.ShapeDtypeStruct]:
+    """Every Flax param path of this config with its expected shape."""
+    return {tuple(k.key for k in keypath): leaf
+            for keypath, leaf in jax.tree_util.tree_flatten_with_path(fam.param_shapes(config))[0]}
+
+
+def params_from_hf(config: Any, tensors: dict[str, Any], where: str = "checkpoint") -> dict:
+    """HF-named tensors (`model.layers.0.self_attn.q_proj.weight`, ...) -> Flax params in `config.param_dtype`.
+
+    Raises HfCheckpointError naming a missing, unexpected or wrongly shaped tensor.
     """
-    expected = _param_paths(config)
+    expected = _expected(config)
     tensors = dict(tensors)
     if config.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)  # tied: transformers ignores a stored copy as well
     for name in [n for n in tensors if n.endswith(_IGNORED_SUFFIXES)]:
         tensors.pop(name)
-    names = {path: _hf_name(path) for path in expected}
+    names = fam.hf_tensor_names(config)
+    fields = ", ".join(f for f in config.ARCH_FIELDS if f not in ("vocab_size", "hidden_size", "intermediate_size"))
     missing = [n for n in names.values() if n not in tensors]
     if missing:
         hint = ("set tie_word_embeddings true in config.json if the head is tied to the embedding"
-                if missing == ["lm_head.weight"] else
-                "check that config.json (num_hidden_layers, layer_types, conv_bias) matches the weights")
+                if missing == ["lm_head.weight"] else f"check that config.json ({fields}) matches the weights")
         raise HfCheckpointError(f"{where} lacks tensor(s) {missing[:5]}{' ...' if len(missing) > 5 else ''} "
-                         f"({len(missing)} missing) that this config needs: {hint}")
+                                f"({len(missing)} missing) that this config needs: {hint}")
     extra = sorted(set(tensors) - set(names.values()))
     if extra:
         raise HfCheckpointError(
             f"{where} has unexpected tensor(s) {extra[:5]}{' ...' if len(extra) > 5 else ''} that "
-            "Lfm2ForCausalLM with this config.json does not use: check num_hidden_layers, layer_types, conv_bias "
-            "and tie_word_embeddings in config.json, or remove the extra tensors")
+            f"{config.architecture} with this config.json does not use: check {fields} in config.json, or remove "
+            "the extra tensors")
     bad = non_finite({names[path]: tensors[names[path]] for path in expected})
     if bad:
         raise HfCheckpointError(
@@ -234,32 +194,32 @@ def params_from_hf(config: Lfm2Config, tensors: dict[str, Any], where: str = "ch
     flat = {}
     for path, spec in expected.items():
         name, t = names[path], tensors[names[path]]
-        want = _hf_shape(path, spec.shape)
+        want = fam.hf_shape(config, path, spec.shape)
         if tuple(t.shape) != want:
             raise HfCheckpointError(
                 f"{where}: tensor {name!r} has shape {tuple(t.shape)} but this config.json implies {want} "
                 f"(hidden_size={config.hidden_size}, ff_dim={config.ff_dim}, heads={config.num_attention_heads}, "
-                f"kv_heads={config.num_key_value_heads}, vocab_size={config.vocab_size}); fix config.json to "
-                "match the weights")
-        flat[path] = jnp.asarray(_to_flax(path, jnp.asarray(t)), spec.dtype)
+                f"kv_heads={config.num_key_value_heads}, head_dim={config.head_dim}, vocab_size={config.vocab_size}); "
+                "fix config.json to match the weights")
+        flat[path] = jnp.asarray(fam.to_flax(config, path, jnp.asarray(t)), spec.dtype)
     return _unflatten(flat)
 
 
-def load_hf(path: str | os.PathLike, dtype=None) -> Lfm2:
-    """Loads a local HF LFM2 folder (`config.json` + `model.safetensors` or a sharded
-    `model.safetensors.index.json`) into an `Lfm2`. dtype (e.g. "bfloat16"): params and activations;
-    default float32. Pickled `.bin`/`.pt` weights are refused."""
+def load_hf(path: str | os.PathLike, dtype=None) -> Model:
+    """Loads a local HF folder of any supported family (`config.json` + `model.safetensors` or a sharded
+    `model.safetensors.index.json`; the family from config.json's model_type) into a `Model`. dtype (e.g.
+    "bfloat16"): params and activations; default float32. Pickled `.bin`/`.pt` weights are refused."""
     folder = os.fspath(path)
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"checkpoint folder {folder} does not exist (load_hf takes a local folder; "
-                                "download it first, e.g. `huggingface-cli download LiquidAI/LFM2-350M --local-dir DIR`)")
+                                "download it first, e.g. `huggingface-cli download Qwen/Qwen3-0.6B --local-dir DIR`)")
     overrides = {}
     if dtype is not None:
         overrides = {"dtype": dtype, "param_dtype": dtype}
-    config = Lfm2Config.from_pretrained(folder, **overrides)
+    config = fam.config_from_pretrained(folder, **overrides)
     tensors = _read_tensors(_safetensors_files(folder))
     params = params_from_hf(config, tensors, where=folder)
-    return Lfm2(config, params)
+    return Model(config, params)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -267,21 +227,22 @@ def load_hf(path: str | os.PathLike, dtype=None) -> Lfm2:
 # --------------------------------------------------------------------------------------------------
 
 
-def params_to_hf(config: Lfm2Config, params: Any) -> dict[str, jax.Array]:
+def params_to_hf(config: Any, params: Any) -> dict[str, jax.Array]:
     """Flax params -> HF-named tensors in torch layouts (no lm_head when tied)."""
     flat = jax.tree_util.tree_flatten_with_path(params)[0]
     got = {tuple(k.key for k in keypath): leaf for keypath, leaf in flat}
-    expected = _param_paths(config)
+    expected = _expected(config)
     if set(got) != set(expected):
         missing = sorted("/".join(p) for p in set(expected) - set(got))
         extra = sorted("/".join(p) for p in set(got) - set(expected))
         raise ValueError(f"params do not match the config: missing {missing[:5]}, unexpected {extra[:5]}")
+    names = fam.hf_tensor_names(config)
     out = {}
     for path, a in got.items():
         if tuple(a.shape) != tuple(expected[path].shape):
             raise ValueError(f"param {'/'.join(path)} has shape {tuple(a.shape)}, config implies "
                              f"{tuple(expected[path].shape)}")
-        out[_hf_name(path)] = jnp.asarray(_to_hf(path, jnp.asarray(a)))
+        out[names[path]] = jnp.asarray(fam.to_hf(config, path, jnp.asarray(a)))
     bad = non_finite(out)
     if bad:
         raise ModelError(f"refusing to write weights with NaN or infinite values: {describe_non_finite(bad)}; "
@@ -289,11 +250,12 @@ def params_to_hf(config: Lfm2Config, params: Any) -> dict[str, jax.Array]:
     return out
 
 
-def save_hf(model: Lfm2 | Lfm2Config, params_or_path: Any, path: str | os.PathLike | None = None, *,
+def save_hf(model: Any, params_or_path: Any, path: str | os.PathLike | None = None, *,
             overwrite: bool = False) -> str:
-    """Writes `config.json` + `model.safetensors` loadable by `transformers.Lfm2ForCausalLM.from_pretrained`.
+    """Writes `config.json` + `model.safetensors` that `transformers.AutoModelForCausalLM.from_pretrained` loads
+    (the family's class: `Lfm2ForCausalLM`, `Qwen3ForCausalLM`) with the same logits.
 
-    Call as `save_hf(model, folder)` with an `Lfm2`, or `save_hf(config, params, folder)`. A new folder is
+    Call as `save_hf(model, folder)` with a `Model`, or `save_hf(config, params, folder)`. A new folder is
     written atomically (a temp folder beside it, then renamed). An existing folder keeps every file that is
     not one of those two: one that holds other files is refused (FileExistsError) unless overwrite=True,
     and even then only config.json and model.safetensors are replaced (each atomically); a sharded index
@@ -301,16 +263,17 @@ def save_hf(model: Lfm2 | Lfm2Config, params_or_path: Any, path: str | os.PathLi
     """
     from safetensors.flax import save_file
 
-    if isinstance(model, Lfm2):
+    if isinstance(model, Model):
         if path is not None:
-            raise TypeError("save_hf(model, folder) takes two arguments when given an Lfm2")
+            raise TypeError("save_hf(model, folder) takes two arguments when given a Model")
         config, params, folder = model.config, model.params, params_or_path
-    elif isinstance(model, Lfm2Config):
+    elif any(isinstance(model, f.config) for f in fam.FAMILIES.values()):
         if path is None:
             raise TypeError("save_hf(config, params, folder): the folder is missing")
         config, params, folder = model, params_or_path, path
     else:
-        raise TypeError(f"save_hf takes an Lfm2 or an Lfm2Config, got {type(model).__name__}")
+        raise TypeError(f"save_hf takes a Model (as load_hf returns) or a model config "
+                        f"({', '.join(f.config.__name__ for f in fam.FAMILIES.values())}), got {type(model).__name__}")
     folder = os.path.abspath(os.fspath(folder))
     written = (_SINGLE, "config.json")
     if os.path.exists(folder):

@@ -1,26 +1,27 @@
-"""LoRA for LFM2: low-rank adapters on the Dense projections, kept in a pytree of their own.
+"""LoRA for every family of the seam: low-rank adapters on the Dense projections, kept in a pytree of their own.
 
 A targeted projection `y = x W` (W [in, out], Flax layout) becomes
 
     y = x W + (alpha / rank) * dropout(x) A B        A [in, rank] ~ U(-1/sqrt(in), 1/sqrt(in)), B [rank, out] = 0
 
 so a fresh adapter changes nothing (B = 0) and only A, B are trained. The base model code is not touched:
-`LoraLfm2.apply` runs `Lfm2ForCausalLM.apply` with a `flax.linen.intercept_methods` interceptor that adds
-the low-rank term to the output of each targeted Dense call (found by its module path), so the full
+`LoraModel.apply` runs the family's module `apply` with a `flax.linen.intercept_methods` interceptor that
+adds the low-rank term to the output of each targeted Dense call (found by its module path), so the full
 forward, the cached prefill / decode and rematerialization all see the adapters.
 
 Trees (plain dicts):
 
-    adapters  {"layers_0": {"conv": {"in_proj": {"lora_a": [D, r], "lora_b": [r, 3D]}, ...}}, ...}   float32
-    policy    {"base": <Lfm2 params>, "lora": adapters}  (+ "dropout_key": uint32[2] while training)
-              -- `join`; what `LoraLfm2.apply` takes. A plain base tree there means "adapters off".
+    adapters  {"layers_0": {"self_attn": {"q_proj": {"lora_a": [D, r], "lora_b": [r, H*hd]}, ...}}, ...}   float32
+    policy    {"base": <model params>, "lora": adapters}  (+ "dropout_key": uint32[2] while training)
+              -- `join`; what `LoraModel.apply` takes. A plain base tree there means "adapters off".
 
-`merge` folds the adapters into the base (`W + (alpha / rank) A B`): a plain Lfm2 tree with the same
+`merge` folds the adapters into the base (`W + (alpha / rank) A B`): a plain params tree with the same
 logits, which `models.hf.save_hf` exports.
 
-Target names (`LoraConfig.targets`): attention q_proj, k_proj, v_proj, o_proj (HF `self_attn.out_proj`);
-MLP w1, w2, w3 (`feed_forward.w*`); short-conv conv_in, conv_out (`conv.in_proj`, `conv.out_proj`); and
-the groups "attention", "mlp", "conv", "all".
+Target names (`LoraConfig.targets`) are each family's (`ModelFamily.lora_targets`, through the seam's
+`models.family.LORA_TARGETS`): attention q_proj, k_proj, v_proj, o_proj (LFM2's `self_attn.out_proj`); LFM2's
+MLP w1, w2, w3 and short-conv conv_in, conv_out; Qwen3's MLP gate_proj, up_proj, down_proj; and the groups
+"attention", "mlp", "conv" (LFM2), "all". A name the model lacks is refused when the model is built.
 """
 
 from __future__ import annotations
@@ -34,25 +35,12 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_base.checks import ConfigError, check_float, check_int
+from models.family import LORA_GROUPS, LORA_TARGETS
 
-# target name -> (operator module, Dense module) inside a decoder layer `layers_{i}`
-TARGETS: dict[str, tuple[str, str]] = {
-    "q_proj": ("self_attn", "q_proj"),
-    "k_proj": ("self_attn", "k_proj"),
-    "v_proj": ("self_attn", "v_proj"),
-    "o_proj": ("self_attn", "out_proj"),
-    "w1": ("feed_forward", "w1"),
-    "w2": ("feed_forward", "w2"),
-    "w3": ("feed_forward", "w3"),
-    "conv_in": ("conv", "in_proj"),
-    "conv_out": ("conv", "out_proj"),
-}
-GROUPS: dict[str, tuple[str, ...]] = {
-    "attention": ("q_proj", "k_proj", "v_proj", "o_proj"),
-    "mlp": ("w1", "w2", "w3"),
-    "conv": ("conv_in", "conv_out"),
-    "all": tuple(TARGETS),
-}
+# Every family's target names -> the (operator module, Dense module) paths inside a layer `layers_{i}` that they
+# name in some family, and the groups (the seam's union of the families' tables)
+TARGETS: dict[str, tuple[tuple[str, str], ...]] = LORA_TARGETS
+GROUPS: dict[str, tuple[str, ...]] = LORA_GROUPS
 A, B = "lora_a", "lora_b"
 BASE, LORA, DROPOUT_KEY = "base", "lora", "dropout_key"
 
@@ -119,16 +107,17 @@ class LoraConfig:
 
 def adapter_paths(config: LoraConfig, base: Any) -> list[tuple[str, ...]]:
     """Module paths (e.g. ("layers_1", "self_attn", "q_proj")) of the base's Dense layers that get an
-    adapter, in layer order. base: the Lfm2 params (arrays or ShapeDtypeStructs). ValueError when a
-    named target exists in no layer of the model (e.g. "conv" on a model without conv layers)."""
+    adapter, in layer order. base: the model's params (arrays or ShapeDtypeStructs). ValueError when a
+    named target exists in no layer of the model (e.g. "conv_in" on a model without conv layers, "w1" on
+    Qwen3, whose MLP is gate_proj / up_proj / down_proj)."""
     layers = sorted((k for k in base if k.startswith("layers_")), key=lambda k: int(k[len("layers_"):]))
     paths, used = [], set()
     for layer in layers:
         for name in config.modules:
-            op, dense = TARGETS[name]
-            if op in base[layer] and dense in base[layer][op]:
-                paths.append((layer, op, dense))
-                used.add(name)
+            for op, dense in TARGETS[name]:
+                if op in base[layer] and dense in base[layer][op]:
+                    paths.append((layer, op, dense))
+                    used.add(name)
     unused = [n for n in config.targets if n in TARGETS and n not in used]  # (a group may match partly)
     if unused:
         raise ValueError(f"lora.targets {unused} match no layer of this model: remove them")
@@ -139,7 +128,7 @@ def adapter_paths(config: LoraConfig, base: Any) -> list[tuple[str, ...]]:
 
 def check_rank(config: LoraConfig, base: Any) -> None:
     """ValueError when `config.rank` is above the smaller side of a targeted projection (its input or output
-    width): such an adapter is no low-rank update and costs more than the weight. base: the Lfm2 params
+    width): such an adapter is no low-rank update and costs more than the weight. base: the model's params
     (arrays or ShapeDtypeStructs)."""
     for path in adapter_paths(config, base):
         d_in, d_out = _get(base, path)["kernel"].shape
@@ -190,7 +179,7 @@ def flat_adapters(adapters: Any) -> dict[tuple[str, ...], dict]:
 
 
 def join(base: Any, adapters: Any, dropout_key: jax.Array | None = None) -> dict:
-    """The policy params `LoraLfm2.apply` takes: the frozen base with its adapters (and, while training with
+    """The policy params `LoraModel.apply` takes: the frozen base with its adapters (and, while training with
     dropout, the key of this forward's dropout masks). No array is copied."""
     out = {BASE: base, LORA: adapters}
     if dropout_key is not None:
@@ -199,12 +188,12 @@ def join(base: Any, adapters: Any, dropout_key: jax.Array | None = None) -> dict
 
 
 def is_joined(params: Any) -> bool:
-    """Whether `params` is a `join` tree (else a plain Lfm2 params tree)."""
+    """Whether `params` is a `join` tree (else a plain params tree)."""
     return isinstance(params, dict) and BASE in params and LORA in params
 
 
 def merge(config: LoraConfig, params: Any) -> Any:
-    """A plain Lfm2 params tree with the adapters folded in: kernel + (alpha / rank) A B (in float32,
+    """A plain params tree with the adapters folded in: kernel + (alpha / rank) A B (in float32,
     stored in the kernel's dtype). A plain tree is returned as it is. Its logits equal the adapted model's."""
     if not is_joined(params):
         return params
@@ -224,8 +213,8 @@ def merge(config: LoraConfig, params: Any) -> Any:
 
 
 @dataclasses.dataclass(frozen=True)
-class LoraLfm2:
-    """`Lfm2ForCausalLM` with LoRA adapters: the same `apply` / `init` interface (so samplers, losses and
+class LoraModel:
+    """A family's causal LM with LoRA adapters: the same `apply` / `init` interface (so samplers, losses and
     evaluation use it unchanged), hashable (a static jit argument).
 
     `apply({"params": join(base, adapters[, dropout_key])}, tokens, cache, num_valid, last_only)` runs the
@@ -233,12 +222,12 @@ class LoraLfm2:
     reference). `init` returns the base's params (the adapters come from `init_adapters`).
     """
 
-    module: Any  # models.lfm2.Lfm2ForCausalLM
+    module: Any  # the family's Flax module (`models.family.module_of(config)`)
     lora: LoraConfig
 
     @property
     def config(self):
-        """The base model's Lfm2Config."""
+        """The base model's config."""
         return self.module.config
 
     def init(self, rngs, *args, **kwargs):

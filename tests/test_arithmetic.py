@@ -406,7 +406,7 @@ def test_preset_loads_and_bad_values_name_their_key(override, key):
 
 
 def test_tiny_model_rollout_scores_its_own_replies(tok):
-    from jaxrl_llm.generate import lfm2_model_fn
+    from models.family import cached_call
     from models.lfm2 import PRESETS, Lfm2ForCausalLM, init_cache
 
     config = dataclasses.replace(PRESETS["tiny"], vocab_size=len(tok), num_hidden_layers=2,
@@ -414,7 +414,7 @@ def test_tiny_model_rollout_scores_its_own_replies(tok):
     module = Lfm2ForCausalLM(config)
     params = module.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
     tables = text.tables_for_env(tok, ENV)
-    run = ro.make_rollout(ENV, lfm2_model_fn(module), lambda b, n: init_cache(config, b, n), tables,
+    run = ro.make_rollout(ENV, cached_call(module), lambda b, n: init_cache(config, b, n), tables,
                           ro.RolloutConfig(context_length=96, max_turns=1), SamplingConfig(temperature=1.0, max_new_tokens=16))
     examples = ENV.sample_examples(jax.random.PRNGKey(1), 4, 2, ar.Stage())
     traj = jax.device_get(run(params, examples, jax.random.PRNGKey(2)))

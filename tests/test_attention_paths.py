@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from jaxrl_llm.algos.grpo import policy_logprobs
-from models.lfm2 import PRESETS, Lfm2ForCausalLM, attention_implementation, init_cache, init_params
+from models.attention import attention_implementation
+from models.lfm2 import PRESETS, Lfm2ForCausalLM, init_cache, init_params
 
 TINY = dataclasses.replace(PRESETS["tiny"], initializer_range=0.2)
 
@@ -83,4 +84,4 @@ def test_the_config_key_is_checked_before_anything_compiles():
     text = (Path(__file__).resolve().parents[1] / "experiments" / "presets" / "tiny_test.toml").read_text()
     with pytest.raises(ConfigError, match=r"model\.attention"):
         loads_config(text, ['model.attention="flash"'])
-    assert loads_config(text, ['model.attention="xla"']).model.lfm2_config().attention == "xla"
+    assert loads_config(text, ['model.attention="xla"']).model.model_config().attention == "xla"

@@ -45,7 +45,7 @@ def test_presets_load_and_fit_the_tokenizer():
     vocab = len(load_tokenizer())
     tiny, cpu = cfg.load_config(TINY), cfg.load_config(CPU)
     for c in (tiny, cpu):
-        assert c.model.lfm2_config().vocab_size >= vocab and c.env.name == "tictactoe"
+        assert c.model.model_config().vocab_size >= vocab and c.env.name == "tictactoe"
     assert tiny.env.params.prompt == "compact" and cpu.env.params.prompt == "tiny"
     assert len(tiny.grpo) == 2 and tiny.sft.steps <= 5
     # cpu: SFT then the spec's two GRPO stages (rising opponent strength), 7 training turns, 8 in evaluation,
@@ -54,7 +54,7 @@ def test_presets_load_and_fit_the_tokenizer():
     assert [(s.curriculum.p_min, s.curriculum.p_max) for s in cpu.grpo] == [(0.2, 0.7), (0.0, 0.25)]
     assert all(s.rollout.max_turns == 7 for s in cpu.grpo) and cpu.eval.rollout.max_turns == 8
     assert cpu.eval.num_games == 1000 and cpu.eval.sampling.greedy
-    module = Lfm2ForCausalLM(cpu.model.lfm2_config())
+    module = Lfm2ForCausalLM(cpu.model.model_config())
     shapes = jax.eval_shape(module.init, jax.random.key(0), jax.ShapeDtypeStruct((1, 4), "int32"))
     assert 500_000 <= count_params(shapes) <= 5_000_000
 
@@ -71,7 +71,7 @@ def test_gpu_presets_load_a_real_checkpoint_layout(size, tmp_path):
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(lfm2.PRESETS["tiny"].to_hf_dict()))
     c = cfg.load_config(PRESETS / f"lfm2_{size}_gpu.toml", [f'model.init_from="{folder}"', f'tokenizer.path="{folder}"'])
-    assert c.env.params.prompt == "reference" and c.model.lfm2_config().hidden_size == lfm2.PRESETS["tiny"].hidden_size
+    assert c.env.params.prompt == "reference" and c.model.model_config().hidden_size == lfm2.PRESETS["tiny"].hidden_size
     assert [s.num_prompts * s.group_size for s in c.grpo] == [256, 480]
     assert [(s.curriculum.p_min, s.curriculum.p_max, s.sampling.temperature) for s in c.grpo] == [
         (0.2, 0.7, 1.0), (0.0, 0.25, 1.25)]
@@ -173,7 +173,7 @@ def test_overrides():
     assert c.sft.optim.learning_rate == 1.0 and isinstance(c.sft.optim.learning_rate, float)
     assert len(c.grpo) == 3 and c.grpo[2].steps == 5 and c.grpo[2].group_size == GrpoStage().group_size
     assert c.grpo[2].curriculum == ttt.Stage() and c.grpo[0].curriculum.p_max == 0.8
-    assert c.model.remat is True and c.model.lfm2_config().remat is True
+    assert c.model.remat is True and c.model.model_config().remat is True
     assert cfg.parse_override(" a.b = [1, 2] ") == (("a", "b"), [1, 2])
 
 
@@ -319,7 +319,7 @@ def test_init_from_with_a_clashing_architecture_override_names_both_values(tmp_p
     (folder / "config.json").write_text(json.dumps(saved.to_hf_dict()))
     path = tmp_path / "c.toml"
     path.write_text(f'[model]\ninit_from = "{folder}"\nvocab_size = 576\nhidden_size = {saved.hidden_size}\n')
-    assert cfg.load_config(path).model.lfm2_config().vocab_size == 576  # overrides equal to the checkpoint's
+    assert cfg.load_config(path).model.model_config().vocab_size == 576  # overrides equal to the checkpoint's
     with pytest.raises(ConfigError) as info:
         cfg.load_config(path, [f"model.hidden_size={2 * saved.hidden_size}"])
     assert info.value.key == "model.hidden_size"

@@ -23,7 +23,8 @@ from envs.core import ReplyGrammar
 from jaxrl_llm import rollout as ro
 from jaxrl_llm import text
 from jaxrl_llm.config import loads_config
-from jaxrl_llm.generate import SamplingConfig, decode, lfm2_model_fn, restrict_logits
+from jaxrl_llm.generate import SamplingConfig, decode, restrict_logits
+from models.family import cached_call
 from jaxrl_llm.text import grammar as gm
 from jaxrl_llm.text.tables import choice_token_ids, reply_texts
 from models.lfm2 import PRESETS, Lfm2ForCausalLM, init_cache
@@ -388,7 +389,7 @@ def tiny_model(tok):
 
 def _model_rollout(tiny_model, tables, env, sampling: SamplingConfig, games: int = 8, turns: int = 3):
     config, module, params = tiny_model
-    run = ro.make_rollout(env, lfm2_model_fn(module), lambda b, n: init_cache(config, b, n), tables,
+    run = ro.make_rollout(env, cached_call(module), lambda b, n: init_cache(config, b, n), tables,
                           ro.RolloutConfig(context_length=448, max_turns=turns), sampling)
     examples = env.eval_examples(jax.random.PRNGKey(5), games, env.eval_settings()[0].stage)
     return run(params, examples, jax.random.PRNGKey(6))

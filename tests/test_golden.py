@@ -23,7 +23,8 @@ import pytest
 from envs import tictactoe as ttt
 from jaxrl_llm import rollout as ro
 from jaxrl_llm import text
-from jaxrl_llm.generate import SamplingConfig, lfm2_model_fn
+from jaxrl_llm.generate import SamplingConfig
+from models.family import cached_call
 from models.lfm2 import PRESETS, Lfm2ForCausalLM, init_cache
 
 HERE = Path(__file__).resolve().parent / "golden"
@@ -92,7 +93,7 @@ def test_model_rollouts_are_unchanged(golden, tok, case):
     module = Lfm2ForCausalLM(config)
     params = module.init(jax.random.PRNGKey(0), jnp.zeros((1, 4), jnp.int32))["params"]
     env = ttt.TicTacToe(ttt.Params(prompt=preset))
-    run = ro.make_rollout(env, lfm2_model_fn(module), lambda b, m: init_cache(config, b, m), text.tables_for_env(tok, env),
+    run = ro.make_rollout(env, cached_call(module), lambda b, m: init_cache(config, b, m), text.tables_for_env(tok, env),
                           ro.RolloutConfig(context_length=context, max_turns=turns, cache_stages=stages), sconf)
     examples = ttt.Example(jnp.asarray(g["model/seeds"]), jnp.asarray(g["model/probs"]))
     _check(case, run(params, examples, jax.random.PRNGKey(3)), g, logprob_atol=1e-6)

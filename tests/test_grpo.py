@@ -25,7 +25,8 @@ from jaxrl_llm.algos.grpo import (
 )
 from jaxrl_llm.algos.optim import OptimConfig, make_optimizer
 from jaxrl_llm.rollout import Trajectory
-from jaxrl_llm.generate import SamplingConfig, lfm2_model_fn, make_sampler
+from jaxrl_llm.generate import SamplingConfig, make_sampler
+from models.family import cached_call
 from models.lfm2 import ATTENTION, CONV, PRESETS, Lfm2ForCausalLM, init_cache, init_params
 
 VOCAB = 16
@@ -500,7 +501,7 @@ def test_tiny_model_learns_to_say_three(tiny):
     rng = np.random.default_rng(0)
     prompts = np.repeat(rng.integers(4, VOCAB, size=(groups, prompt_len)), group_size, axis=0)
     prompts = jnp.asarray(prompts, jnp.int32)
-    sampler = make_sampler(lfm2_model_fn(module), SamplingConfig(temperature=1.0, max_new_tokens=1))
+    sampler = make_sampler(cached_call(module), SamplingConfig(temperature=1.0, max_new_tokens=1))
     gconf = GrpoConfig(num_minibatches=2, grad_accum_steps=2, beta=0.01,
                        ratio_mask_low=0.05, ratio_mask_high=20.0)
     opt = make_optimizer(OptimConfig(learning_rate=3e-3, total_steps=100, schedule="constant"))

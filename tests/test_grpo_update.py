@@ -286,7 +286,7 @@ def test_update_step_inside_a_larger_jit_with_lora(tiny):
 
     config, module, params = tiny
     section = lora.LoraConfig(rank=2)
-    wrapped = lora.LoraLfm2(module, section)
+    wrapped = lora.LoraModel(module, section)
     adapters = lora.init_adapters(section, params, jax.random.PRNGKey(1))
     data = _batch(seed=11)
     opt = optax.adam(1e-2)

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 from models import (
-    PRESETS,
     Lfm2Cache,
     Lfm2Config,
     Lfm2ForCausalLM,
@@ -24,6 +23,7 @@ from models import (
     logical_param_specs,
     param_shardings,
 )
+from models.lfm2 import PRESETS
 
 TINY = PRESETS["tiny"]
 
@@ -249,7 +249,7 @@ def test_padding_does_not_advance_cache(tiny):
 
 
 def test_attention_rows_picks_a_divisor_of_the_batch():
-    from models.lfm2 import ATTENTION_BLOCK_BYTES, attention_rows
+    from models.attention import ATTENTION_BLOCK_BYTES, attention_rows
 
     assert attention_rows(0, 12, 10**9) == 12  # 0: the whole batch
     assert attention_rows(5, 12, 1) == 4  # at most 5 rows: the largest divisor of 12 not above 5

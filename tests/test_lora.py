@@ -69,7 +69,7 @@ def test_fresh_adapters_equal_the_base_in_every_path(base):
         kernel = lora._get(base, path)["kernel"]
         assert ab["lora_a"].shape == (kernel.shape[0], 4) and ab["lora_b"].shape == (4, kernel.shape[1])
         assert not np.any(np.asarray(ab["lora_b"])) and np.any(np.asarray(ab["lora_a"]))
-    plain, adapted = Lfm2ForCausalLM(CFG), lora.LoraLfm2(Lfm2ForCausalLM(CFG), config)
+    plain, adapted = Lfm2ForCausalLM(CFG), lora.LoraModel(Lfm2ForCausalLM(CFG), config)
     joined = lora.join(base, adapters)
     tokens = jax.random.randint(jax.random.PRNGKey(2), (2, 7), 0, CFG.vocab_size)
     # Equal up to float rounding: XLA may fuse the exact-zero B term differently (seen: 9e-8 on one CI run).
@@ -99,7 +99,7 @@ def test_adapters_are_added_to_exactly_the_targeted_projections(base):
         node = lora._get(by_hand, path)
         node["kernel"] = node["kernel"] + 1.5 * np.asarray(ab["lora_a"]) @ np.asarray(ab["lora_b"])
     tokens = jax.random.randint(jax.random.PRNGKey(6), (2, 6), 0, CFG.vocab_size)
-    adapted = _apply(lora.LoraLfm2(Lfm2ForCausalLM(CFG), config), lora.join(base, adapters), tokens)[0]
+    adapted = _apply(lora.LoraModel(Lfm2ForCausalLM(CFG), config), lora.join(base, adapters), tokens)[0]
     expected = _apply(Lfm2ForCausalLM(CFG), by_hand, tokens)[0]
     np.testing.assert_allclose(adapted, expected, rtol=1e-5, atol=1e-5)
 
@@ -107,7 +107,7 @@ def test_adapters_are_added_to_exactly_the_targeted_projections(base):
 def test_dropout_only_with_a_key_and_the_same_masks_for_the_same_key(base):
     config = lora.LoraConfig(rank=4, dropout=0.5)
     adapters = _noisy(lora.init_adapters(config, base, jax.random.PRNGKey(1)), jax.random.PRNGKey(2))
-    module = lora.LoraLfm2(Lfm2ForCausalLM(CFG), config)
+    module = lora.LoraModel(Lfm2ForCausalLM(CFG), config)
     tokens = jax.random.randint(jax.random.PRNGKey(3), (1, 6), 0, CFG.vocab_size)
 
     def run(key):
@@ -127,7 +127,7 @@ def test_gradients_reach_only_the_adapters(base):
     state is the adapters' size; GRPO: the update returns adapters, the base is never written, and the
     reference (the base with adapters off) equals a fresh policy (KL 0)."""
     config = lora.LoraConfig(rank=4)
-    module = lora.LoraLfm2(Lfm2ForCausalLM(CFG), config)
+    module = lora.LoraModel(Lfm2ForCausalLM(CFG), config)
     adapters = lora.init_adapters(config, base, jax.random.PRNGKey(1))
     base_copy = jax.tree_util.tree_map(np.array, base)
     optimizer = make_optimizer(OptimConfig(learning_rate=1e-2, total_steps=4))
@@ -170,7 +170,7 @@ def test_a_tiny_model_learns_a_target_through_its_adapters_alone(base):
     """A random base predicts four random 16-token rows at chance; rank-8 adapters (every projection, the
     embedding and norms frozen) make greedy teacher-forced prediction exact."""
     config = lora.LoraConfig(rank=8, alpha=16.0)
-    module = lora.LoraLfm2(Lfm2ForCausalLM(CFG), config)
+    module = lora.LoraModel(Lfm2ForCausalLM(CFG), config)
     adapters = lora.init_adapters(config, base, jax.random.PRNGKey(1))
     tokens = jax.random.randint(jax.random.PRNGKey(2), (4, 16), 0, CFG.vocab_size)
     mask = jnp.ones((4, 16), jnp.float32)
@@ -214,7 +214,7 @@ def test_export_merges_the_adapters_with_the_adapted_logits(tmp_path, capsys):
     args = ["export", str(PRESET), "--out", str(out)] + sum((["--set", s] for s in overrides), [])
     assert main(args) == 0, capsys.readouterr().err
     exported = load_hf(out)
-    tokens = jax.random.randint(jax.random.PRNGKey(10), (2, 9), 0, comp.lfm2.vocab_size)
+    tokens = jax.random.randint(jax.random.PRNGKey(10), (2, 9), 0, comp.model_config.vocab_size)
     adapted = _apply(comp.module, lora.join(train.base_params(comp), adapters), tokens)[0]
     plain = _apply(comp.module, train.base_params(comp), tokens)[0]
     np.testing.assert_allclose(exported(tokens), adapted, rtol=1e-5, atol=2e-5)

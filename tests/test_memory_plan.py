@@ -37,7 +37,7 @@ def test_params_optimizer_and_cache_bytes_are_those_of_the_real_trees():
     assert stage["params"] == stage["grads"] == stage["reference"] == _nbytes(params)  # float32, beta > 0
     assert stage["optimizer"] == _nbytes(opt_state, 1)  # AdamW's mu and nu (its scalar counts left out)
     s = config.grpo[0]
-    cache = init_cache(comp.lfm2, s.batch_size, s.rollout.context_length)
+    cache = init_cache(comp.model_config, s.batch_size, s.rollout.context_length)
     assert stage["kv_cache"] == _nbytes([cache.keys, cache.values, cache.conv])
     assert result["total"] == max(st["total"] for st in result["stages"])
 

@@ -102,7 +102,7 @@ def test_dtype_fields_are_validated():
     text = (ROOT / "experiments" / "presets" / "tiny_test.toml").read_text()
     with pytest.raises(ConfigError, match=r"model\.cache_dtype"):
         loads_config(text, ["model.cache_dtype=int8"])
-    assert loads_config(text, ["model.cache_dtype=bfloat16"]).model.lfm2_config().cache_dtype == "bfloat16"
+    assert loads_config(text, ["model.cache_dtype=bfloat16"]).model.model_config().cache_dtype == "bfloat16"
 
 
 @pytest.mark.parametrize("path", ["lfm2_350m_gpu.toml", "lfm2_1.2b_gpu.toml"])
@@ -120,7 +120,8 @@ def test_greedy_games_agree_in_bfloat16():
     from envs import tictactoe as ttt
     from jaxrl_llm import rollout as ro
     from jaxrl_llm import text
-    from jaxrl_llm.generate import SamplingConfig, lfm2_model_fn
+    from jaxrl_llm.generate import SamplingConfig
+    from models.family import cached_call
     from models.hf import load_hf
 
     loaded = load_hf(ROOT / "experiments" / "checkpoints" / "cpu")
@@ -131,7 +132,7 @@ def test_greedy_games_agree_in_bfloat16():
     games = {}
     for dtype in ("float32", "bfloat16"):
         cfg = loaded.config.replace(dtype=dtype)
-        run = ro.make_rollout(env, lfm2_model_fn(Lfm2ForCausalLM(cfg)), lambda b, m, c=cfg: init_cache(c, b, m),
+        run = ro.make_rollout(env, cached_call(Lfm2ForCausalLM(cfg)), lambda b, m, c=cfg: init_cache(c, b, m),
                               tables, ro.RolloutConfig(context_length=448, max_turns=8),
                               SamplingConfig(greedy=True, max_new_tokens=16))
         games[dtype] = jax.device_get(run(loaded.params, examples, jax.random.PRNGKey(0)))

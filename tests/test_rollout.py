@@ -22,7 +22,8 @@ import reference_text as rt
 from envs import tictactoe as ttt
 from jaxrl_llm import rollout as ro
 from jaxrl_llm import text
-from jaxrl_llm.generate import SamplingConfig, lfm2_model_fn
+from jaxrl_llm.generate import SamplingConfig
+from models.family import cached_call
 from jaxrl_llm.text import load_tokenizer
 from models.lfm2 import PRESETS, Lfm2ForCausalLM, init_cache
 from reference_tictactoe import RefGame, ref_total_reward
@@ -232,7 +233,7 @@ MODEL_SAMPLING = SamplingConfig(temperature=1.0, max_new_tokens=12)
 def model_games(tiny_model, compact_tables):
     config, module, params = tiny_model
     rc = ro.RolloutConfig(context_length=448)
-    run = ro.make_rollout(COMPACT, lfm2_model_fn(module), lambda b, n: init_cache(config, b, n), compact_tables, rc,
+    run = ro.make_rollout(COMPACT, cached_call(module), lambda b, n: init_cache(config, b, n), compact_tables, rc,
                           MODEL_SAMPLING, return_cache=True)
     examples = ttt.Example(jnp.asarray(np.repeat(np.arange(4), 4), jnp.uint32), jnp.full((16,), 0.5, jnp.float32))
     traj, cache = run(params, examples, jax.random.PRNGKey(3))
@@ -279,7 +280,7 @@ def test_cache_stages_change_nothing_but_the_cache_size(tiny_model, model_games,
                                compact_tables.max_msg + 1)
     assert len(plan) >= 2 and plan[-1] == (rc.max_turns, 448)  # stages that reach 448 merge
     assert [p for _, p in plan] == sorted(p for _, p in plan) and plan[0][1] < 448
-    staged = ro.make_rollout(COMPACT, lfm2_model_fn(module), lambda b, n: init_cache(config, b, n), compact_tables,
+    staged = ro.make_rollout(COMPACT, cached_call(module), lambda b, n: init_cache(config, b, n), compact_tables,
                              rc, MODEL_SAMPLING, return_cache=True)
     again, staged_cache = staged(params, examples, jax.random.PRNGKey(3))
     np.testing.assert_array_equal(again.tokens, traj.tokens)

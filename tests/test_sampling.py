@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxrl_llm.generate import SamplingConfig, lfm2_model_fn, make_sampler, process_logits, sample
+from jaxrl_llm.generate import SamplingConfig, make_sampler, process_logits, sample
+from models.family import cached_call
 from models.lfm2 import PRESETS, Lfm2ForCausalLM, init_cache
 
 VOCAB = 32
@@ -75,7 +76,7 @@ def test_greedy_equals_argmax_of_full_forward(tiny):
     config, module, params, full = tiny
     prompt, lengths = _prompts(4, 6)
     cfg = SamplingConfig(greedy=True, max_new_tokens=10)
-    sampler = make_sampler(lfm2_model_fn(module), cfg)
+    sampler = make_sampler(cached_call(module), cfg)
     out = sampler(params, prompt, lengths, init_cache(config, 4, 16), jax.random.PRNGKey(0))
     assert np.all(np.asarray(out.lengths) == 10)
     for seq, logits, p, n in _reference_rows(full, params, prompt, lengths, out):
@@ -88,7 +89,7 @@ def test_sampled_logprobs_equal_full_forward(tiny, temperature):
     config, module, params, full = tiny
     prompt, lengths = _prompts(3, 5, seed=2)
     cfg = SamplingConfig(temperature=temperature, max_new_tokens=8)
-    out = make_sampler(lfm2_model_fn(module), cfg)(
+    out = make_sampler(cached_call(module), cfg)(
         params, prompt, lengths, init_cache(config, 3, 16), jax.random.PRNGKey(3)
     )
     for b, (seq, logits, p, n) in enumerate(_reference_rows(full, params, prompt, lengths, out)):
@@ -150,7 +151,7 @@ def test_first_token_distribution_matches_softmax(tiny):
     prompt = jnp.tile(jnp.asarray([[5, 9, 3]], jnp.int32), (batch, 1))
     lengths = jnp.full((batch,), 3, jnp.int32)
     cfg = SamplingConfig(temperature=1.0, max_new_tokens=1)
-    out = make_sampler(lfm2_model_fn(module), cfg)(params, prompt, lengths, init_cache(config, batch, 4), jax.random.PRNGKey(7))
+    out = make_sampler(cached_call(module), cfg)(params, prompt, lengths, init_cache(config, batch, 4), jax.random.PRNGKey(7))
     probs = np.asarray(jax.nn.softmax(full(params, prompt[:1])[0, -1]), np.float64)
     probs /= probs.sum()
     counts = np.bincount(np.asarray(out.tokens[:, 0]), minlength=VOCAB)
@@ -167,7 +168,7 @@ def test_stop_tokens_end_rows_and_nothing_after_changes(tiny):
     prompt, lengths = _prompts(16, 4, seed=4)
     stop = 7
     cfg = SamplingConfig(temperature=1.5, max_new_tokens=12, stop_token_ids=(stop, 11), pad_id=0)
-    sampler = make_sampler(lfm2_model_fn(module), cfg)
+    sampler = make_sampler(cached_call(module), cfg)
     out = sampler(params, prompt, lengths, init_cache(config, 16, 16), jax.random.PRNGKey(5))
     tokens, n = np.asarray(out.tokens), np.asarray(out.lengths)
     for b in range(16):
@@ -195,7 +196,7 @@ def test_inactive_rows_generate_nothing_and_keep_their_cache(tiny):
     prompt, lengths = _prompts(4, 4, seed=8)
     active = jnp.asarray([True, False, True, False])
     cfg = SamplingConfig(greedy=True, max_new_tokens=5)
-    out = make_sampler(lfm2_model_fn(module), cfg)(params, prompt, lengths, init_cache(config, 4, 16), jax.random.PRNGKey(0), active)
+    out = make_sampler(cached_call(module), cfg)(params, prompt, lengths, init_cache(config, 4, 16), jax.random.PRNGKey(0), active)
     np.testing.assert_array_equal(out.lengths, [5, 0, 5, 0])
     np.testing.assert_array_equal(out.cache.lengths, [int(lengths[0]) + 5, 0, int(lengths[2]) + 5, 0])
 
@@ -204,7 +205,7 @@ def test_continuing_a_cache_equals_decoding_the_whole_conversation(tiny):
     """Turn 1 then turn 2 through the same cache == greedy decode of [turn 1, reply 1, turn 2] from scratch."""
     config, module, params, full = tiny
     cfg = SamplingConfig(greedy=True, max_new_tokens=4, stop_token_ids=(3,))
-    sampler = make_sampler(lfm2_model_fn(module), cfg)
+    sampler = make_sampler(cached_call(module), cfg)
     p1, l1 = _prompts(3, 5, seed=9)
     p2, l2 = _prompts(3, 3, seed=10)
     first = sampler(params, p1, l1, init_cache(config, 3, 32), jax.random.PRNGKey(0))
@@ -221,7 +222,7 @@ def test_sample_traces_inside_an_outer_jit(tiny):
     config, module, params, full = tiny
     prompt, lengths = _prompts(2, 4, seed=11)
     cfg = SamplingConfig(greedy=True, max_new_tokens=3)
-    model_fn = lfm2_model_fn(module)
+    model_fn = cached_call(module)
 
     @jax.jit
     def go(params, prompt, lengths):
@@ -248,7 +249,7 @@ def test_bad_sampling_config_is_refused():
 
 def test_max_new_tokens_past_the_cache_is_refused_before_compiling(tiny):
     config, module, params, full = tiny
-    sampler = make_sampler(lfm2_model_fn(module), SamplingConfig(max_new_tokens=10))
+    sampler = make_sampler(cached_call(module), SamplingConfig(max_new_tokens=10))
     prompt, lengths = _prompts(2, 8)
     with pytest.raises(ValueError, match="exceed the cache's 12 positions"):
         sampler(params, prompt, lengths, init_cache(config, 2, 12), jax.random.PRNGKey(0))
@@ -259,7 +260,8 @@ SHARDED = textwrap.dedent(
     """
     import dataclasses, jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from jaxrl_llm.generate import SamplingConfig, lfm2_model_fn, make_sampler
+    from jaxrl_llm.generate import SamplingConfig, make_sampler
+    from models.family import cached_call
     from models.lfm2 import PRESETS, Lfm2ForCausalLM, init_cache
     assert jax.device_count() == 8, jax.devices()
     config = dataclasses.replace(PRESETS["tiny"], vocab_size=32)
@@ -269,7 +271,7 @@ SHARDED = textwrap.dedent(
     prompt = jnp.asarray(rng.integers(1, 32, size=(16, 5)), jnp.int32)
     lengths = jnp.asarray(rng.integers(1, 6, size=16), jnp.int32)
     cfg = SamplingConfig(temperature=1.0, max_new_tokens=6, stop_token_ids=(3,))
-    sampler = make_sampler(lfm2_model_fn(module), cfg)
+    sampler = make_sampler(cached_call(module), cfg)
     plain = sampler(params, prompt, lengths, init_cache(config, 16, 16), jax.random.PRNGKey(1))
     mesh = Mesh(np.array(jax.devices()), ("data",))
     rows = NamedSharding(mesh, P("data"))

@@ -131,7 +131,7 @@ def test_an_exported_folder_serves_as_checkpoint_for_eval_and_play(tmp_path, cap
     config = load_config(PRESET, _overrides(tmp_path))
     comp = train.build(config)
     params = train.fresh_params(comp, jax.random.PRNGKey(3))
-    folder = save_hf(comp.lfm2, params, tmp_path / "hf")
+    folder = save_hf(comp.model_config, params, tmp_path / "hf")
     loaded = train.policy_params(config, comp, str(folder))
     assert jax.tree_util.tree_all(jax.tree_util.tree_map(lambda a, b: bool((np.asarray(a) == np.asarray(b)).all()),
                                                          loaded, params))

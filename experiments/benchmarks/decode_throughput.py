@@ -30,12 +30,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_llm.generate import SamplingConfig, lfm2_model_fn, make_sampler
+from jaxrl_llm.generate import SamplingConfig, make_sampler
+from models.family import cached_call, flops_per_token
 from models.hf import load_hf, save_hf
 from models.lfm2 import PRESETS, Lfm2ForCausalLM, init_cache
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from flops import decode_flops_per_token  # noqa: E402
 from machine import describe, machine_facts, matmul_peak_flops  # noqa: E402
 
 
@@ -75,7 +75,7 @@ def weight_floor_seconds(params, repeats: int = 20) -> float:
 
 
 def time_ours(model, batch: int, prompt_len: int, new_tokens: int, repeats: int):
-    sampler = make_sampler(lfm2_model_fn(model.module), SamplingConfig(greedy=True, max_new_tokens=new_tokens))
+    sampler = make_sampler(cached_call(model.module), SamplingConfig(greedy=True, max_new_tokens=new_tokens))
     rng = np.random.default_rng(0)
     prompt = jnp.asarray(rng.integers(1, model.config.vocab_size, size=(batch, prompt_len)), jnp.int32)
     lengths = jnp.full((batch,), prompt_len, jnp.int32)
@@ -147,12 +147,12 @@ def main() -> None:
         rows.append({"batch": batch, "ours_tokens_per_s": ours, "transformers_tokens_per_s": theirs, "ratio": ours / theirs, "first16_agree": agree})
         print(f"{batch:>6} | {ours:12.0f} | {theirs:14.0f} | {ours / theirs:6.1f} | {agree:.3f}")
     big, one = rows[-1], rows[0]
-    decode_flops = decode_flops_per_token(config, model.params, prompt_len + new_tokens // 2)
+    decode_flops = flops_per_token(config, prompt_len + new_tokens // 2)
     flops = decode_flops * big["ours_tokens_per_s"]
     print(f"decode at batch {big['batch']}: {flops / 1e9:.1f} GFLOP/s = {flops / peak:.1%} of the matmul peak")
     # Ceilings measured in this run (see the module docstring).
     floor = weight_floor_seconds(model.params)
-    prefill_flops = decode_flops_per_token(config, model.params, prompt_len // 2) * prompt_len / new_tokens
+    prefill_flops = flops_per_token(config, prompt_len // 2) * prompt_len / new_tokens
     ceiling_big = peak / (decode_flops + prefill_flops)
     ceilings = {
         "weight_floor_ms": floor * 1e3,

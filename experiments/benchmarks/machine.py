@@ -2,7 +2,7 @@
 
 `machine_facts()` -> dict: CPU model, logical CPUs (and those this process may use), per-level cache sizes
 (from /sys/devices/system/cpu/cpu0/cache, None where unreadable), the attention score block the model
-derives from them (`models.lfm2.ATTENTION_BLOCK_BYTES`), jax version and backend. `describe(facts)` is
+derives from them (`models.attention.ATTENTION_BLOCK_BYTES`), jax version and backend. `describe(facts)` is
 one printable line.
 """
 
@@ -28,7 +28,7 @@ def _cpu_model() -> str:
 
 
 def machine_facts() -> dict:
-    from models.lfm2 import ATTENTION_BLOCK_BYTES, cpu_cache_bytes
+    from models.attention import ATTENTION_BLOCK_BYTES, cpu_cache_bytes
 
     try:
         usable = len(os.sched_getaffinity(0))

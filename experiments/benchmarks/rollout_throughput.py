@@ -45,6 +45,7 @@ from jaxrl_llm import rollout as ro
 from jaxrl_llm import text
 from jaxrl_llm.generate import sampler as sampling
 from jaxrl_llm.text import load_tokenizer
+from models.family import cached_call
 from models.lfm2 import PRESETS, Lfm2ForCausalLM, init_cache
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -109,7 +110,7 @@ def host_loop(tok, preset, module, config, params, seeds, probs, key, reprefill:
     games = [HostGame(int(s), float(p)) for s, p in zip(seeds, probs)]
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     scfg = sampling.SamplingConfig(temperature=1.0, max_new_tokens=MAX_NEW, stop_token_ids=(eos,), pad_id=tok.pad_token_id)
-    sampler = host_loop.samplers.setdefault((id(module), reprefill), sampling.make_sampler(sampling.lfm2_model_fn(module), scfg))
+    sampler = host_loop.samplers.setdefault((id(module), reprefill), sampling.make_sampler(cached_call(module), scfg))
     system = ttt_text.system_prompt(preset)
     conversations = [[{"role": "system", "content": system}] for _ in games]
     cache = init_cache(config, batch, CONTEXT)
@@ -188,7 +189,7 @@ def main() -> None:
     n_params = sum(x.size for x in jax.tree_util.tree_leaves(params))
     def make_run(cache_stages: int):
         rc = ro.RolloutConfig(context_length=CONTEXT, max_turns=MAX_TURNS, cache_stages=cache_stages)
-        return ro.make_rollout(env, sampling.lfm2_model_fn(module), lambda b, n: init_cache(config, b, n), tables, rc,
+        return ro.make_rollout(env, cached_call(module), lambda b, n: init_cache(config, b, n), tables, rc,
                                sampling.SamplingConfig(temperature=1.0, max_new_tokens=MAX_NEW))
 
     run, run_one_cache = make_run(CACHE_STAGES), make_run(1)

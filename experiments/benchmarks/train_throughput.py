@@ -12,7 +12,7 @@ lengths; else random weights, whose games end early on invalid moves):
   forward/backward; `--grad-accum-steps` micro-batches per minibatch) and computing every row (the
   FLOP-share figure: XLA counts both branches of the skip's `lax.cond`); the batch's share of groups
   without reward spread is printed with them;
-* the update's useful FLOPs (`flops.forward_flops` x 3: each row at its real length with causal
+* the update's useful FLOPs (`models.family.forward_flops` x 3: each row at its real length with causal
   attention, the LM head at the loss tokens; no padding), as FLOP/s and as a share of the float32 matmul
   peak measured in the same run (`machine.matmul_peak_flops`). XLA's `cost_analysis()` of the compiled
   update is printed beside it but is no measure of the work: it counts a loop body once (the
@@ -47,7 +47,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from flops import forward_flops  # noqa: E402
 from machine import best_seconds, describe, machine_facts, matmul_peak_flops  # noqa: E402
 
 
@@ -71,6 +70,7 @@ def main() -> None:
     from jaxrl_llm.train.components import fresh_trainable, policy_params
     from jaxrl_llm.train.grpo_loop import make_grpo_step, placed_like_outputs
     from jaxrl_llm.train.keys import stream
+    from models.family import forward_flops
 
     facts = machine_facts()
     print(describe(facts), flush=True)
@@ -168,7 +168,7 @@ def main() -> None:
     length = int(np.asarray(traj.length).max())
     sampled = float(np.asarray(traj.loss_mask).sum())
     x_new, x_old = flops["every_row"], flops["baseline_every_row"]
-    f_new = 3 * forward_flops(comp.lfm2, params, need, int(sampled))  # the same useful work, both paths
+    f_new = 3 * forward_flops(comp.model_config, need, int(sampled))  # the same useful work, both paths
     f_forward = f_new / 3
     row = {
         "benchmark": "train_throughput", **facts, "matmul_peak_gflops": peak / 1e9, "params": n_params,

@@ -68,7 +68,7 @@ class GrpoConfig:
         advantaged ones first under skip_zero_advantage) before it is cut into micro-batches (exact: the
         micro-batches share their minibatch's normalisers). 1: every row at the full context (the old path).
     logits_at_loss_only: the final hidden states are gathered at the positions that predict loss tokens
-        before the LM head (`Lfm2ForCausalLM(logit_positions=...)`), so the logits and log-softmax cost
+        before the LM head (the model's `logit_positions=...`), so the logits and log-softmax cost
         K positions a row instead of L, with K = max_completion_tokens rounded up to 8 (at most L; L when
         it is unset). A row with more loss tokens than K loses the later ones (metric `loss_tokens_cut`;
         0 when max_completion_tokens is the true bound, max_turns * max_new_tokens, as a stage sets it).

@@ -234,7 +234,7 @@ def export_policy(comp, params, config, folder: Path) -> list[str]:
     folder.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{folder.name}.export-", dir=folder.parent))
     try:
-        staged = Path(save_hf(comp.lfm2, merged_params(comp, params), stage / "export"))  # LoRA: merged
+        staged = Path(save_hf(comp.model_config, merged_params(comp, params), stage / "export"))  # LoRA: merged
         comp.tokenizer.save_pretrained(staged)
         (staged / ENV_FILE).write_text(json.dumps(env_record(config), indent=1) + "\n")
         write_reply_grammar(staged, grammar, config.env.name)  # the reply regex for structured generation
@@ -255,7 +255,7 @@ def cmd_export(args) -> int:
     comp = build(config)
     params = policy_params(config, comp, args.checkpoint)
     names = export_policy(comp, params, config, folder)
-    print(f"exported a transformers LFM2 checkpoint with its tokenizer and reply grammar to {folder} "
+    print(f"exported a transformers {comp.model_config.architecture} checkpoint with its tokenizer and reply grammar to {folder} "
           f"({', '.join(names)})")
     return 0
 
@@ -371,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--force", action="store_true", help="replace the --games file if it exists")
     play = with_config("play", "play the model in the terminal", cmd_play)
     play.add_argument("--checkpoint", default=None, help="an Orbax checkpoint folder or a Hugging Face folder")
-    export = with_config("export", "write the policy as a transformers LFM2 checkpoint", cmd_export)
+    export = with_config("export", "write the policy as a transformers checkpoint (its family's class)", cmd_export)
     export.add_argument("--checkpoint", default=None)
     export.add_argument("--out", required=True, help="output folder (new or empty; see --force)")
     export.add_argument("--force", action="store_true",

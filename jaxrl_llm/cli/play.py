@@ -72,13 +72,14 @@ def play_terminal(config, checkpoint: str | None = None, input_fn: Callable[[str
     grammar = env.reply_grammar(env.params)
     parse = jax.jit(lambda t, n: text.parse_reply(tables, grammar, t, n))
     try:
-        return _play(config, env, human, params, tok, tables, scfg, sampler, width, parse, input_fn, print_fn)
+        return _play(config, env, human, params, tok, tables, scfg, sampler, comp.init_cache, width, parse, input_fn,
+                     print_fn)
     except _InputEnded:
         print_fn("\n(input ended: game over)")
         return 0
 
 
-def _play(config, env, human, params, tok, tables, scfg, sampler, width, parse, input_fn, print_fn) -> int:
+def _play(config, env, human, params, tok, tables, scfg, sampler, init_cache, width, parse, input_fn, print_fn) -> int:
     state: Any = human.new_game()
     opening = opening_of(human)
     if opening is not None and _ask(input_fn, "do you want to move first? [y/N] ").strip().lower().startswith("y"):
@@ -93,9 +94,7 @@ def _play(config, env, human, params, tok, tables, scfg, sampler, width, parse, 
             return 0
         prompt = np.full((1, width), tables.pad_id, np.int32)
         prompt[0, : len(ids)] = ids
-        from models.lfm2 import init_cache
-
-        cache = init_cache(config.model.lfm2_config(), 1, width + scfg.max_new_tokens)
+        cache = init_cache(1, width + scfg.max_new_tokens)
         out = sampler(params, jnp.asarray(prompt), jnp.asarray([len(ids)]), cache, jax.random.PRNGKey(0))
         n = int(out.lengths[0]) - int(out.done[0])
         reply = tok.decode(np.asarray(out.tokens[0, :n]).tolist())

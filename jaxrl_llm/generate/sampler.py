@@ -30,8 +30,10 @@ still fits in max_new_tokens, the suffix is forced (an integer then has at least
 max_new_tokens >= prefix + 1 + suffix, which `check_constrained` asks for).
 
 The model enters as a function `model_fn(params, tokens[B, T], cache, num_valid[B]) -> (logits, cache)`,
-the cached call of `models.lfm2.Lfm2ForCausalLM`; `lfm2_model_fn` builds it. Only each row's last real
-logits are used, so `logits` may be [B, T, V] or just [B, 1, V] (the logits at position num_valid[b] - 1).
+the cached call of a model of any family; the model seam builds it (`models.family.cached_call(module)`),
+and the cache is the family's (`models.family.init_cache`: only its `lengths` and `max_len` are read here).
+Only each row's last real logits are used, so `logits` may be [B, T, V] or just [B, 1, V] (the logits at
+position num_valid[b] - 1).
 """
 
 from __future__ import annotations
@@ -126,16 +128,6 @@ class SampleOutput(NamedTuple):
     sampled: jax.Array
     content: jax.Array
     choice_set: jax.Array
-
-
-def lfm2_model_fn(module) -> ModelFn:
-    """The cached call of a Flax LFM2 module as a `model_fn` for `sample`: logits [B, 1, V] of each row's
-    last real token (a prefill chunk computes the LM head at one position, not T)."""
-
-    def model_fn(params, tokens, cache, num_valid):
-        return module.apply({"params": params}, tokens, cache=cache, num_valid=num_valid, last_only=True)
-
-    return model_fn
 
 
 def process_logits(logits: jax.Array, config: SamplingConfig) -> jax.Array:

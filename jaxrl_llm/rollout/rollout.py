@@ -519,8 +519,8 @@ def make_rollout(env: Env, model_fn, init_cache, tables: text.TextTables, config
                  sampling_config: sampling.SamplingConfig, return_cache: bool = False):
     """A jitted `run(params, examples, key) -> Trajectory` of `env` for a model policy.
 
-    model_fn: the model's cached call (`generate.lfm2_model_fn(module)`); init_cache(batch, max_len): a new
-    cache (`lambda b, n: models.lfm2.init_cache(config, b, n)`). The sampling config's stop tokens gain the
+    model_fn: the model's cached call (`models.family.cached_call(module)`); init_cache(batch, max_len): a new
+    cache (`lambda b, n: models.family.init_cache(config, b, n)`). The sampling config's stop tokens gain the
     tokenizer's end of turn and its pad id the tables' pad id.
     """
     sconf = sampling_config.with_tokenizer((tables.eos_id,), tables.pad_id)

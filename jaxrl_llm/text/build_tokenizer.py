@@ -7,6 +7,10 @@ index and every digit is one token), then the byte-level alphabet. Special token
 <|startoftext|> 1, <|endoftext|> 2, <|im_start|> 3, <|im_end|> 4 (eos). The chat template is ChatML like
 LFM2's (jaxrl_llm.text.tokenizer.CHAT_TEMPLATE). The output is the Hugging Face folder
 `jaxrl_llm/assets/tokenizer/` (loaded offline by load_tokenizer()).
+
+`--layout qwen` builds the same BPE with Qwen's special tokens instead (<|endoftext|> 0 (pad),
+<|im_start|> 1, <|im_end|> 2 (eos), no bos) and Qwen's ChatML (`CHATML_TEMPLATE`): a tokenizer laid out as
+Qwen3's, for tests and small experiments without a download (the split regex is already Qwen2's).
 """
 
 from __future__ import annotations
@@ -16,10 +20,17 @@ import json
 from pathlib import Path
 from typing import Sequence
 
-from jaxrl_llm.text.tokenizer import ASSET_DIR, BOS, CHAT_TEMPLATE, ENDOFTEXT, IM_END, IM_START, PAD
+from jaxrl_llm.text.tokenizer import ASSET_DIR, BOS, CHAT_TEMPLATE, CHATML_TEMPLATE, ENDOFTEXT, IM_END, IM_START, PAD
 
 VOCAB_SIZE = 640
 SPECIAL_TOKENS = [PAD, BOS, ENDOFTEXT, IM_START, IM_END]
+# The special-token layouts: the tokens (in id order), the bos, the pad, the other specials, the chat template.
+LAYOUTS = {
+    "lfm2": dict(specials=SPECIAL_TOKENS, bos_token=BOS, pad_token=PAD, additional_special_tokens=[ENDOFTEXT, IM_START],
+                 chat_template=CHAT_TEMPLATE),
+    "qwen": dict(specials=[ENDOFTEXT, IM_START, IM_END], bos_token=None, pad_token=ENDOFTEXT,
+                 additional_special_tokens=[IM_START], chat_template=CHATML_TEMPLATE),
+}
 # Llama-3 style split, except digits: one digit per pre-token, so moves and cell indices are single tokens.
 SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -38,8 +49,13 @@ def corpus(env_names: Sequence[str] | None = None) -> list[str]:
     return out + ["system\n", "user\n", "assistant\n"] * 50
 
 
-def build(out_dir: str | Path = ASSET_DIR, env_names: Sequence[str] | None = None) -> Path:
-    """Train the tokenizer on `corpus(env_names)` and save it in Hugging Face format into `out_dir`."""
+def build(out_dir: str | Path = ASSET_DIR, env_names: Sequence[str] | None = None, layout: str = "lfm2") -> Path:
+    """Train the tokenizer on `corpus(env_names)` and save it in Hugging Face format into `out_dir`, with the
+    special tokens and chat template of `layout` ("lfm2": the shipped one; "qwen": Qwen3's)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown tokenizer layout {layout!r}; use one of {', '.join(LAYOUTS)}")
+    spec = dict(LAYOUTS[layout])
+    specials = spec.pop("specials")
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -54,18 +70,15 @@ def build(out_dir: str | Path = ASSET_DIR, env_names: Sequence[str] | None = Non
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
         min_frequency=2,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=specials,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(corpus(env_names), trainer=trainer)
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        bos_token=BOS,
         eos_token=IM_END,
-        pad_token=PAD,
-        additional_special_tokens=[ENDOFTEXT, IM_START],
-        chat_template=CHAT_TEMPLATE,
+        **spec,
         clean_up_tokenization_spaces=False,
         model_max_length=4096,
     )
@@ -86,8 +99,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out_dir", nargs="?", default=str(ASSET_DIR))
     parser.add_argument("--env", action="append", help="a registered env whose text to train on (repeatable; "
                         "default: envs.DEFAULT_ENV, as the shipped tokenizer)")
+    parser.add_argument("--layout", choices=sorted(LAYOUTS), default="lfm2",
+                        help="special tokens and chat template: lfm2 (the shipped tokenizer's) or qwen (Qwen3's)")
     args = parser.parse_args(argv)
-    out = build(args.out_dir, args.env)
+    out = build(args.out_dir, args.env, args.layout)
     print(f"saved tokenizer to {out}")
 
 

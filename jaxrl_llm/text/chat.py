@@ -3,8 +3,8 @@
 `chat_pieces(tokenizer)` renders the tokenizer's own chat template with sentinel messages and cuts out
 the text around messages: the system head and tail, the opening of the first and of a later user turn,
 and the user turn's close with and without the generation prompt. A template that does not have the
-ChatML layout (`<bos><|im_start|>system\n...<|im_end|>\n<|im_start|>user\n...`) is refused with the
-layout it should have.
+ChatML layout (`[<bos>]<|im_start|>system\n...<|im_end|>\n<|im_start|>user\n...`: LFM2's with a bos, Qwen3's
+without) is refused with the layout it should have.
 
 `token_bytes(tokenizer)` gives the bytes of every token id (byte-level BPE through the GPT-2 byte alphabet,
 SentencePiece byte fallback `<0x..>` and `\u2581` spaces; special tokens have none); the parser turns
@@ -52,7 +52,7 @@ def chat_pieces(tokenizer) -> dict[str, str]:
     def fail(what):
         raise ValueError(
             f"chat template of {getattr(tokenizer, 'name_or_path', '')!r} does not have the layout the text bridge "
-            f"renders ({what}); expected ChatML like LFM2: <bos><|im_start|>system\\n...<|im_end|>\\n"
+            f"renders ({what}); expected ChatML like LFM2's or Qwen3's: [<bos>]<|im_start|>system\\n...<|im_end|>\\n"
             "<|im_start|>user\\n...<|im_end|>\\n<|im_start|>assistant\\n{reply}<|im_end|>\\n..."
         )
 

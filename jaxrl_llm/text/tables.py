@@ -131,6 +131,7 @@ def build_text_tables(tokenizer, spec: MessageSpec, system_prompt: str, example_
     _verify(tokenizer, spec, name, texts, piece_ids, prefix_text, prefix, eos_id, open_piece, close_piece, slot_piece)
     _verify_reply_boundary(tokenizer, name, texts[int(close_piece[0])], piece_ids[int(close_piece[0])],
                            example_replies, eos_id)
+    _verify_replies_kept(tokenizer, name, system_prompt, example_replies)
 
     piece_width = max(1, max(len(p) for p in piece_ids))
     piece_tokens = np.full((len(texts), piece_width), pad_id, np.int32)
@@ -356,6 +357,23 @@ def _verify_reply_boundary(tokenizer, name, gen_text, gen_ids, replies, eos_id) 
         want = gen_ids + encode(tokenizer, [reply])[0] + [eos_id]
         if got != want:
             raise _boundary_error(tokenizer, name, "close", "reply", [gen_text, reply, eos_text], got, want)
+
+
+def _verify_replies_kept(tokenizer, name, system_prompt, replies) -> None:
+    """A reply of an earlier turn must stay in the conversation as the model wrote it (a rollout appends the
+    sampled tokens; SFT renders its rows with the template): a template that rewrites it is refused."""
+    for reply in replies:
+        messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": "USERSENTINEL"},
+                    {"role": "assistant", "content": reply}, {"role": "user", "content": "SECONDUSERSENTINEL"}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        if reply + tokenizer.eos_token not in text:
+            raise ValueError(
+                f"the chat template of {getattr(tokenizer, 'name_or_path', '')!r} rewrites the reply {reply!r} of "
+                f"{name!r} in an earlier turn (it renders {text!r}), so the conversations of rollouts, which keep the "
+                "tokens the model sampled, would not be the template's. Qwen3's released template does this (it "
+                "moves <think>...</think> out of earlier turns): use a template that writes replies as they are, "
+                "Qwen's ChatML: `[tokenizer] chat_template = \"chatml\"` in a preset, or "
+                "tok.chat_template = jaxrl_llm.text.tokenizer.CHATML_TEMPLATE")
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -6,6 +6,9 @@ It carries LFM2's chat special tokens and a ChatML chat template that behaves li
 
     <|startoftext|><|im_start|>system\\n{system}<|im_end|>\\n<|im_start|>user\\n{user}<|im_end|>\\n...
     generation prompt: <|im_start|>assistant\\n        end of turn (eos): <|im_end|>
+
+A model's own tokenizer works the same way (`load_tokenizer(folder)` reads its `tokenizer.json` and chat
+template): LFM2's, or Qwen3's ChatML, which is the same layout without the bos token.
 """
 
 from __future__ import annotations
@@ -54,9 +57,35 @@ CHAT_TEMPLATE = (
     "{%- endif -%}\n"
 )
 
+# Qwen's ChatML (the layout of Qwen2.5's and Qwen3's templates): no bos; the system message if the first message
+# is one, then every message as <|im_start|>{role}\n{content}<|im_end|>\n, then the generation prompt. Unlike
+# Qwen3's released template it writes every assistant message as it is: that one moves a reply's
+# <think>...</think> out of earlier turns, so a conversation would no longer be the tokens the model sampled
+# (the text bridge refuses such a template and names this one).
+CHATML_TEMPLATE = (
+    "{%- for message in messages -%}\n"
+    '    {{- "<|im_start|>" + message["role"] + "\\n" -}}\n'
+    '    {%- set content = message["content"] -%}\n'
+    "    {%- if content is not string -%}{%- set content = content | tojson -%}{%- endif -%}\n"
+    '    {{- content + "<|im_end|>\\n" -}}\n'
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    '    {{- "<|im_start|>assistant\\n" -}}\n'
+    "{%- endif -%}\n"
+)
 
-def load_tokenizer(path: str | Path | None = None):
-    """Load a Hugging Face tokenizer (with its chat template) from a local folder; None: the project's own."""
+
+def chat_template(name: str) -> str:
+    """A chat template by name: "chatml" (`CHATML_TEMPLATE`, Qwen's layout) or "lfm2" (`CHAT_TEMPLATE`)."""
+    templates = {"chatml": CHATML_TEMPLATE, "lfm2": CHAT_TEMPLATE}
+    if name not in templates:
+        raise ValueError(f"unknown chat template {name!r}; use one of {', '.join(templates)}")
+    return templates[name]
+
+
+def load_tokenizer(path: str | Path | None = None, template: str | None = None):
+    """Load a Hugging Face tokenizer (with its chat template) from a local folder; None: the project's own.
+    template: a name of `chat_template` to use instead of the folder's template (None: keep it)."""
     from transformers import AutoTokenizer
 
     folder = ASSET_DIR if path is None else Path(path)
@@ -65,14 +94,23 @@ def load_tokenizer(path: str | Path | None = None):
             f"no tokenizer folder at {folder}; pass a local folder holding tokenizer.json / tokenizer_config.json"
             + (" (rebuild the project's own with `python -m jaxrl_llm.text.build_tokenizer`)" if path is None else "")
         )
-    return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)  # never run a folder's code
+    tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)  # never run a folder's code
+    if template is not None:
+        tok.chat_template = chat_template(template)
+    return tok
 
 
 def check_tokenizer(tok) -> None:
-    """Raise ValueError naming each special token or chat-template piece the text bridge needs and `tok` lacks."""
+    """Raise ValueError naming each special token or chat-template piece the text bridge needs and `tok` lacks.
+
+    The ChatML markers `<|im_start|>` and `<|im_end|>` always; the bos token `<|startoftext|>` when the chat
+    template writes `bos_token` (LFM2's does; Qwen3's ChatML starts with `<|im_start|>` and has none), or when
+    there is no template (the one to set, `CHAT_TEMPLATE`, writes it)."""
     problems = []
     vocab = tok.get_vocab()
-    for name in (BOS, IM_START, IM_END):
+    template = getattr(tok, "chat_template", None) or CHAT_TEMPLATE
+    needed = (BOS, IM_START, IM_END) if "bos_token" in str(template) else (IM_START, IM_END)
+    for name in needed:
         if name not in vocab:
             problems.append(
                 f"missing special token {name!r}: add it with tok.add_special_tokens("

@@ -20,9 +20,9 @@ from jaxrl_llm.compat import check_checkpoint, check_hf_folder, run_checkpointer
 from jaxrl_llm.config import ExperimentConfig
 from jaxrl_llm.generate import sampler as sampling
 from jaxrl_llm.train.keys import stream
+from models import family as fam
 from models import lora as lora_lib
 from models.hf import load_hf
-from models.lfm2 import Lfm2ForCausalLM, init_cache, param_shardings
 
 
 @dataclasses.dataclass
@@ -33,8 +33,8 @@ class Components:
     env: Any  # envs.core.Env
     tokenizer: Any
     tables: text.TextTables
-    lfm2: Any  # models.lfm2.Lfm2Config
-    module: Any  # Lfm2ForCausalLM, or models.lora.LoraLfm2 around it when [lora] rank >= 1
+    model_config: Any  # the model family's config (`models.family`: Lfm2Config, Qwen3Config)
+    module: Any  # the family's Flax module, or models.lora.LoraModel around it when [lora] rank >= 1
     compiled: dict = dataclasses.field(default_factory=dict)  # jitted programs, built on first use
     base: Any = dataclasses.field(default=None, repr=False)  # LoRA: the frozen base, loaded once (`base_params`)
 
@@ -45,10 +45,10 @@ class Components:
 
     @property
     def model_fn(self) -> sampling.ModelFn:
-        return sampling.lfm2_model_fn(self.module)
+        return fam.cached_call(self.module)
 
     def init_cache(self, batch: int, max_len: int):
-        return init_cache(self.lfm2, batch, max_len)
+        return fam.init_cache(self.model_config, batch, max_len)
 
     @property
     def eos_id(self) -> int:
@@ -67,17 +67,17 @@ def build(config: ExperimentConfig) -> Components:
         except CheckpointMismatchError as e:
             raise ConfigError(str(e), ("model", "init_from")) from None
     env = config.make_env()
-    tokenizer = text.load_tokenizer(config.tokenizer.path)
-    lfm2 = config.model.lfm2_config()
-    if len(tokenizer) > lfm2.vocab_size:
+    tokenizer = text.load_tokenizer(config.tokenizer.path, config.tokenizer.chat_template)
+    model_config = config.model.model_config()
+    if len(tokenizer) > model_config.vocab_size:
         where = "model.init_from's config.json" if config.model.init_from else "the model's vocab_size"
         raise ConfigError(
             f"the tokenizer ({config.tokenizer.path or 'the project tokenizer'}) has {len(tokenizer)} tokens but "
-            f"{where} is {lfm2.vocab_size}; set model.vocab_size >= {len(tokenizer)} (e.g. --set "
+            f"{where} is {model_config.vocab_size}; set model.vocab_size >= {len(tokenizer)} (e.g. --set "
             f"model.vocab_size={len(tokenizer)}) or use the tokenizer the model was made for", ("model", "vocab_size"))
     tables = text.tables_for_env(tokenizer, env)
     check_context_lengths(config, tables)
-    module = Lfm2ForCausalLM(lfm2)
+    module = fam.module_of(model_config)
     if config.lora.enabled:
         shapes = jax.eval_shape(lambda: module.init(jax.random.PRNGKey(0), jnp.zeros((1, 1), jnp.int32))["params"])
         try:
@@ -88,8 +88,8 @@ def build(config: ExperimentConfig) -> Components:
             lora_lib.check_rank(config.lora, shapes)
         except ValueError as e:
             raise ConfigError(str(e), ("lora", "rank")) from None
-        module = lora_lib.LoraLfm2(module, config.lora)
-    return Components(config, env, tokenizer, tables, lfm2, module)
+        module = lora_lib.LoraModel(module, config.lora)
+    return Components(config, env, tokenizer, tables, model_config, module)
 
 
 def check_context_lengths(config: ExperimentConfig, tables: text.TextTables) -> None:
@@ -154,7 +154,7 @@ def policy_view(comp: Components, trainable):
 
 
 def merged_params(comp: Components, params):
-    """A plain Lfm2 params tree of policy params: LoRA adapters folded into the base (`lora.merge`)."""
+    """A plain params tree of policy params: LoRA adapters folded into the base (`lora.merge`)."""
     return lora_lib.merge(comp.lora, params) if lora_lib.is_joined(params) else params
 
 
@@ -185,7 +185,7 @@ def shard_params(comp: Components, params, mesh):
     (optimizer states follow, since optax builds them from the params)."""
     if mesh is None:
         return params
-    return jax.device_put(params, param_shardings(comp.lfm2, mesh))
+    return jax.device_put(params, fam.param_shardings(comp.model_config, mesh))
 
 
 def sft_dir(config: ExperimentConfig) -> Path:
@@ -211,7 +211,7 @@ def initial_policy(comp: Components):
 
 
 def _hf_params(comp: Components, folder: str, target):
-    """The params of a Hugging Face LFM2 folder (`jaxrl-llm export`'s output), checked against the config:
+    """The params of a Hugging Face folder (`jaxrl-llm export`'s output), checked against the config:
     its env, tokenizer and architecture (`check_checkpoint`), then its tensors (both values named)."""
     check_checkpoint(comp.config, folder)
     loaded = load_hf(folder)

@@ -296,7 +296,7 @@ def _stub_components(config):
                      max_position_embeddings=64)
     shapes = jax.eval_shape(lambda: init_params(cfg, jax.random.PRNGKey(0)))
     params = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), shapes)
-    return types.SimpleNamespace(lfm2=cfg, tokenizer=tok, env=config.env.make(), lora=None), params
+    return types.SimpleNamespace(model_config=cfg, tokenizer=tok, env=config.env.make(), lora=None), params
 
 
 def test_export_writes_the_reply_grammar(tmp_path):

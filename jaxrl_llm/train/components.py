@@ -51,6 +51,11 @@ class Components:
         return fam.init_cache(self.model_config, batch, max_len)
 
     @property
+    def lfm2(self) -> Any:
+        """The old name of `model_config` (from when LFM2 was the one family), kept for users' code."""
+        return self.model_config
+
+    @property
     def eos_id(self) -> int:
         return self.tables.eos_id
 

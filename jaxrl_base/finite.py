@@ -45,6 +45,9 @@ def non_finite(named: dict[str, Any]) -> dict[str, tuple[int, int, int]]:
         import jax  # lazy: the envs' checks run on host values too
         import jax.numpy as jnp
 
+        # Values being traced (a loader called inside jit) have no numbers yet: they are checked where concrete.
+        on_device = {name: x for name, x in on_device.items() if not isinstance(x, jax.core.Tracer)}
+        floating = {name: x for name, x in floating.items() if not isinstance(x, jax.core.Tracer)}
         pending = {name: (jnp.isnan(x).sum(), jnp.isinf(x).sum()) for name, x in on_device.items()}
         counts = {name: (int(a), int(b)) for name, (a, b) in jax.device_get(pending).items()}
     out = {}

@@ -155,10 +155,12 @@ def _client():
     return jax_distributed.global_state.client
 
 
-def initialize(launch: Launch, command: str = "jaxrl-llm") -> None:
+def initialize(launch: Launch, command: str = "jaxrl-llm", quiet_others: bool = False) -> None:
     """Starts JAX's distributed runtime as `launch` says (before anything else touches a device) and this
     process's watchdog. On the CPU the collectives between processes are gloo. `command` prefixes the one-line
-    messages (e.g. "jaxrl-llm train")."""
+    messages (e.g. "jaxrl-llm train"). quiet_others: the standard output of every process but 0 goes to
+    /dev/null from here on (Python's and the C libraries', e.g. gloo's), so the run prints once; errors still
+    reach stderr."""
     global _RUNTIME
     launch.check()
     import jax
@@ -171,6 +173,11 @@ def initialize(launch: Launch, command: str = "jaxrl-llm") -> None:
                                shutdown_timeout_seconds=SHUTDOWN_TIMEOUT_S)
     runtime = _Runtime(jax.process_index(), jax.process_count(), command)
     _RUNTIME = runtime
+    if quiet_others and runtime.index != 0:
+        sys.stdout.flush()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
     threading.Thread(target=_watch, args=(runtime,), name="jaxrl_llm-watchdog", daemon=True).start()
     _warm_up()
 
@@ -297,13 +304,14 @@ def _await_watchdog(line: str) -> None:
     time.sleep(LIVENESS_S + 3 * BEAT_S if any(text in line for text in PEER_LOST) else 2 * BEAT_S)
 
 
-def run(launch: Launch, body: Callable[[], int], command: str = "jaxrl-llm") -> int:
+def run(launch: Launch, body: Callable[[], int], command: str = "jaxrl-llm", quiet_others: bool = False) -> int:
     """`body()` (a command: returns its exit code; prints its own error line) as one process of the run that
     `launch` describes, or as it is when `launch` is not enabled. A non-zero code or an exception ends every
-    process of the run with one line (`fail`); a zero code waits for the others (`finish`)."""
+    process of the run with one line (`fail`); a zero code waits for the others (`finish`). quiet_others: see
+    `initialize`."""
     if not launch.enabled:
         return body()
-    initialize(launch, command)
+    initialize(launch, command, quiet_others)
     try:
         code = body()
     except BaseException as error:  # noqa: BLE001 - a bug: its traceback here, one line to the others

@@ -10,7 +10,6 @@ Every process runs the same command; process 0 writes and prints, the others pri
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Callable
 
@@ -66,9 +65,5 @@ def run_command(args: argparse.Namespace, body: Callable[[argparse.Namespace], i
         return 2
     args.func = _noting(args.func)
 
-    def joined() -> int:
-        if not distributed.is_writer():  # one writer: progress and results come from process 0
-            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the rest of this process
-        return body(args)
-
-    return distributed.run(launch, joined, f"jaxrl-llm {args.command}")
+    # One writer: progress and results come from process 0; the others' standard output goes to /dev/null.
+    return distributed.run(launch, lambda: body(args), f"jaxrl-llm {args.command}", quiet_others=True)

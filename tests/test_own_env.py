@@ -59,7 +59,8 @@ def trained(tmp_path_factory):
     common = [str(PRESET.name), "--set", f'run.output_dir="{out}"', *[a for s in SMALL for a in ("--set", s)]]
     runs = {"train": _cli(["train", *common], EXAMPLE),
             "resume": _cli(["train", *common, "--set", "grpo.0.steps=3"], EXAMPLE),
-            "past_end": _cli(["train", *common, "--set", "grpo.0.steps=1"], EXAMPLE),
+            # Shortening a finished stage is a config change: accepted by the flag, it trains nothing.
+            "past_end": _cli(["train", *common, "--set", "grpo.0.steps=1", "--accept-config-change"], EXAMPLE),
             "eval": _cli(["eval", *common, "--set", "grpo.0.steps=3"], EXAMPLE)}
     return out, common, runs
 
@@ -166,7 +167,7 @@ def test_every_committed_model_records_the_env_of_its_preset():
                "cpu_from_reward_games": "cpu_from_reward_games",
                "seed_recipe": "seed_recipe", "seed_recipe_sft": "seed_recipe",
                "arithmetic_rl": "arithmetic_rl", "arithmetic_rl_sft": "arithmetic_rl",
-               "cpu_from_reward_sft": "cpu_from_reward",
+               "cpu_from_reward_sft": "cpu_from_reward", "main": "main", "main_sft": "main",
                "seed_recipe_run4": "results/seed_recipe_run4/preset"}  # a recorded run's own preset
     folders = sorted(p for p in (ROOT / "experiments" / "checkpoints").iterdir() if (p / "config.json").is_file())
     assert {p.name for p in folders} == set(presets)

@@ -141,6 +141,10 @@ def test_moved_names_still_import_from_their_old_place():
 
     assert make is registry_make and GrpoConfig is config_class and train_sft is loop_train_sft
     assert ConfigError is base_error
+    from jaxrl_llm.generate import lfm2_model_fn
+    from models.family import cached_call
+
+    assert lfm2_model_fn is cached_call
     import envs.core
 
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):

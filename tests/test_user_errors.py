@@ -379,7 +379,10 @@ def test_ctrl_c_is_one_line_naming_the_checkpoint_kept(inputs, tmp_path):
     naming the last checkpoint kept and how to resume; the run's files unchanged."""
     run = _copy(inputs.run, tmp_path / "run")
     before = _snapshot(run)
-    script = ("import importlib, sys, time\ncli = importlib.import_module('jaxrl_llm.cli.main')\n"
+    # pytest-xdist's workers ignore SIGINT, and a child inherits an ignored signal: restore Python's handler
+    # first, as in a terminal.
+    script = ("import importlib, signal, sys, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+              "cli = importlib.import_module('jaxrl_llm.cli.main')\n"
               "def waiting(args):\n    cli._load(args)\n    print('ready', flush=True)\n    time.sleep(300)\n"
               "    return 0\n"
               "cli.cmd_train = waiting\nsys.exit(cli.main(sys.argv[1:]))\n")
@@ -390,7 +393,7 @@ def test_ctrl_c_is_one_line_naming_the_checkpoint_kept(inputs, tmp_path):
     try:
         assert proc.stdout.readline().strip() == "ready", proc.stderr.read()[-3000:]
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=600)  # the one line reads the checkpoints: slow on a loaded machine
+        _, err = proc.communicate(timeout=300)
     finally:
         proc.kill()
     assert proc.returncode == 130, err[-3000:]

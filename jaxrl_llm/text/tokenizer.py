@@ -24,9 +24,25 @@ IM_END = "<|im_end|>"
 PAD = "<|pad|>"
 ENDOFTEXT = "<|endoftext|>"
 
+# Qwen's ChatML (the layout of Qwen2.5's and Qwen3's templates): no bos; every message, the system's first, as
+# <|im_start|>{role}\n{content}<|im_end|>\n, then the generation prompt; non-string content as JSON. Unlike Qwen3's
+# released template it writes every assistant message as it is: that one moves a reply's <think>...</think> out
+# of earlier turns, so a conversation would no longer be the tokens the model sampled (the text bridge refuses
+# such a template and names this one).
+CHATML_TEMPLATE = (
+    "{%- for message in messages -%}\n"
+    '    {{- "<|im_start|>" + message["role"] + "\\n" -}}\n'
+    '    {%- set content = message["content"] -%}\n'
+    "    {%- if content is not string -%}{%- set content = content | tojson -%}{%- endif -%}\n"
+    '    {{- content + "<|im_end|>\\n" -}}\n'
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    '    {{- "<|im_start|>assistant\\n" -}}\n'
+    "{%- endif -%}\n"
+)
+
 # The same behaviour as LFM2's template: bos, then the system message if the first message is one (tools are
-# listed in the system message), then every message as <|im_start|>{role}\n{content}<|im_end|>\n, then the
-# generation prompt. Non-string content is written as JSON.
+# listed in the system message), then the other messages and the generation prompt as ChatML above.
 CHAT_TEMPLATE = (
     "{{- bos_token -}}\n"
     '{%- set ns = namespace(system_prompt="") -%}\n'
@@ -46,33 +62,7 @@ CHAT_TEMPLATE = (
     "{%- if ns.system_prompt -%}\n"
     '    {{- "<|im_start|>system\\n" + ns.system_prompt + "<|im_end|>\\n" -}}\n'
     "{%- endif -%}\n"
-    "{%- for message in messages -%}\n"
-    '    {{- "<|im_start|>" + message["role"] + "\\n" -}}\n'
-    '    {%- set content = message["content"] -%}\n'
-    "    {%- if content is not string -%}{%- set content = content | tojson -%}{%- endif -%}\n"
-    '    {{- content + "<|im_end|>\\n" -}}\n'
-    "{%- endfor -%}\n"
-    "{%- if add_generation_prompt -%}\n"
-    '    {{- "<|im_start|>assistant\\n" -}}\n'
-    "{%- endif -%}\n"
-)
-
-# Qwen's ChatML (the layout of Qwen2.5's and Qwen3's templates): no bos; the system message if the first message
-# is one, then every message as <|im_start|>{role}\n{content}<|im_end|>\n, then the generation prompt. Unlike
-# Qwen3's released template it writes every assistant message as it is: that one moves a reply's
-# <think>...</think> out of earlier turns, so a conversation would no longer be the tokens the model sampled
-# (the text bridge refuses such a template and names this one).
-CHATML_TEMPLATE = (
-    "{%- for message in messages -%}\n"
-    '    {{- "<|im_start|>" + message["role"] + "\\n" -}}\n'
-    '    {%- set content = message["content"] -%}\n'
-    "    {%- if content is not string -%}{%- set content = content | tojson -%}{%- endif -%}\n"
-    '    {{- content + "<|im_end|>\\n" -}}\n'
-    "{%- endfor -%}\n"
-    "{%- if add_generation_prompt -%}\n"
-    '    {{- "<|im_start|>assistant\\n" -}}\n'
-    "{%- endif -%}\n"
-)
+) + CHATML_TEMPLATE
 
 
 def chat_template(name: str) -> str:

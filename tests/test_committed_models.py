@@ -18,6 +18,7 @@ COMMITTED = [
     ("cpu_from_reward", "cpu_from_reward.toml", "cpu_from_reward"),
     ("seed_recipe", "seed_recipe.toml", "seed_recipe"),
     ("main", "main.toml", "main"),
+    ("qwen3_cpu", "qwen3_cpu.toml", "qwen3_cpu"),  # the second model family
     ("arithmetic_rl", "arithmetic_rl.toml", "arithmetic_rl_run6/experiment_results.md"),
 ]
 

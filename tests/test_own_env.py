@@ -168,6 +168,7 @@ def test_every_committed_model_records_the_env_of_its_preset():
                "seed_recipe": "seed_recipe", "seed_recipe_sft": "seed_recipe",
                "arithmetic_rl": "arithmetic_rl", "arithmetic_rl_sft": "arithmetic_rl",
                "cpu_from_reward_sft": "cpu_from_reward", "main": "main", "main_sft": "main",
+               "qwen3_cpu": "qwen3_cpu", "qwen3_cpu_sft": "qwen3_cpu",
                "seed_recipe_run4": "results/seed_recipe_run4/preset"}  # a recorded run's own preset
     folders = sorted(p for p in (ROOT / "experiments" / "checkpoints").iterdir() if (p / "config.json").is_file())
     assert {p.name for p in folders} == set(presets)

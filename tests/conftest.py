@@ -55,17 +55,3 @@ def pytest_runtest_logreport(report):
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps({"test": report.nodeid, "when": report.when, "s": round(report.duration, 2),
                                 "outcome": report.outcome}) + "\n")
-
-
-# The files that take longest (minutes, most of them starting subprocesses), longest first. pytest-xdist's
-# `--dist loadfile` hands whole files to the workers in collection order, so starting with these keeps one
-# worker from being left alone with a long file at the end (longest-first packing). Measured with --durations.
-LONG_FILES = ("test_committed_models.py", "test_multihost.py", "test_fault_runs.py", "test_lora.py",
-              "test_own_env.py", "test_train.py", "test_golden.py", "test_user_errors.py", "test_gpu_check.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    """Long files first (LONG_FILES order), then every other file in its usual order; tests keep their order
-    within a file."""
-    rank = {name: i for i, name in enumerate(LONG_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))  # stable: the rest keep their order

@@ -7,6 +7,9 @@ process writes under a folder, and optionally SIGKILLed at a loop event of `trai
 --writes: every file this process opens for writing, renames or removes under --watch (Python's audit events;
 Orbax's tensorstore writes in C++ are not seen, which is why the tests keep the checkpoints in another folder)
 is appended to LOG as it happens, so the record survives a SIGKILL.
+
+Every process writes JAX's persistent compilation cache here (`every_process_writes_the_compilation_cache`), so a
+test's second and later starts load process 1's programs as they load process 0's.
 """
 
 from __future__ import annotations
@@ -53,6 +56,35 @@ def record_writes(log: Path, folder: Path) -> None:
     sys.addaudithook(hook)
 
 
+def every_process_writes_the_compilation_cache() -> None:
+    """Lets this process write JAX's persistent compilation cache, which JAX leaves to process 0 alone.
+
+    On XLA:CPU a multi-process program's cache key differs from process to process (JAX strips the device
+    assignment from the key on GPU only), so process 1 never finds process 0's entries and, writing none of its own,
+    compiled every program again at every start: 48 s for the GRPO step of the tests' tiny model beside the
+    suite. Writing its entries makes the next start load them. The harness changes nothing else: a program
+    loaded from the cache is the one the compile would give. If this JAX lacks the private hook, nothing is changed.
+    """
+    try:
+        from jax._src import compiler
+        from jax._src import distributed as jax_distributed
+    except ImportError:
+        return
+    write = getattr(compiler, "_cache_write", None)
+    if write is None or not hasattr(jax_distributed, "global_state"):
+        return
+
+    def write_as_process_0(*args, **kwargs):
+        state = jax_distributed.global_state
+        index, state.process_id = state.process_id, 0  # `_cache_write` returns early unless process_id is 0
+        try:
+            return write(*args, **kwargs)
+        finally:
+            state.process_id = index
+
+    compiler._cache_write = write_as_process_0
+
+
 def die(mode: str, port: int, index: int) -> int:
     """Two processes meet (`distributed.run`), do one collective, then process 1 fails: "raise" (an exception) or
     "kill" (SIGKILL). Process 0 then waits in a collective that never completes, until its watchdog ends it."""
@@ -88,6 +120,7 @@ def main() -> int:
     parser.add_argument("--index", type=int, default=None)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
+    every_process_writes_the_compilation_cache()
     if args.die:
         return die(args.die, args.port, args.index)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command

@@ -49,7 +49,7 @@ def pytest_runtest_logreport(report):
     """With JAXRL_LLM_TEST_TIMES=<file>, each test phase's duration is appended as it ends (one JSON line), so a
     run that is stopped early still tells where its time went (pytest's --durations prints only at the end)."""
     path = os.environ.get("JAXRL_LLM_TEST_TIMES")
-    if path:
+    if path and getattr(report, "node", None) is None:  # under xdist the controller sees each worker's reports again
         import json
 
         with open(path, "a", encoding="utf-8") as f:

@@ -108,3 +108,25 @@ def test_any_env_can_train_a_project_tokenizer_through_the_protocol(tmp_path):
     tok = AutoTokenizer.from_pretrained(str(build(tmp_path, ["arithmetic", "connect_four"])))
     check_tokenizer(tok)
     assert all(len(tok(str(d), add_special_tokens=False)["input_ids"]) == 1 for d in range(10))
+
+
+def test_the_project_tokenizer_loads_as_the_auto_class_would_without_importing_torch():
+    """The project's tokenizer is read by the fast class itself: the same tokenizer AutoTokenizer builds (vocab,
+    special tokens, chat template, encodings), and no torch import at start-up (AutoTokenizer imports torch
+    whenever it is installed: about 1.5 s for every CLI start)."""
+    import subprocess
+    import sys
+
+    from transformers import AutoTokenizer
+
+    code = ("import sys; from jaxrl_llm.text import load_tokenizer; load_tokenizer(); "
+            "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-2000:]
+    ours, auto = load_tokenizer(), AutoTokenizer.from_pretrained(str(ASSET_DIR))
+    assert type(ours) is type(auto) and ours.get_vocab() == auto.get_vocab()
+    assert ours.special_tokens_map == auto.special_tokens_map and ours.chat_template == auto.chat_template
+    chat = [{"role": "system", "content": "Tic-Tac-Toe."}, {"role": "user", "content": "X12\n3O5\n67X"},
+            {"role": "assistant", "content": "<think></think><move>4</move>"}]
+    assert ours.apply_chat_template(chat, tokenize=False) == auto.apply_chat_template(chat, tokenize=False)
+    assert ours.encode("O played 4.\nX12") == auto.encode("O played 4.\nX12")

@@ -76,15 +76,20 @@ def chat_template(name: str) -> str:
 def load_tokenizer(path: str | Path | None = None, template: str | None = None):
     """Load a Hugging Face tokenizer (with its chat template) from a local folder; None: the project's own.
     template: a name of `chat_template` to use instead of the folder's template (None: keep it)."""
-    from transformers import AutoTokenizer
-
     folder = ASSET_DIR if path is None else Path(path)
     if not folder.is_dir():
         raise FileNotFoundError(
             f"no tokenizer folder at {folder}; pass a local folder holding tokenizer.json / tokenizer_config.json"
             + (" (rebuild the project's own with `python -m jaxrl_llm.text.build_tokenizer`)" if path is None else "")
         )
-    tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)  # never run a folder's code
+    if path is None:  # the project's tokenizer.json: the fast class itself (AutoTokenizer would import torch)
+        from transformers import PreTrainedTokenizerFast
+
+        tok = PreTrainedTokenizerFast.from_pretrained(str(folder))
+    else:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(folder), trust_remote_code=False)  # never run a folder's code
     if template is not None:
         tok.chat_template = chat_template(template)
     return tok

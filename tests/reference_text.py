@@ -87,6 +87,23 @@ def tiny_message(board, status: int, k: int) -> str:
     return f"{head}\nFree: {free}\nYour move."
 
 
+# The project's `tiny_lines` preset: `tiny` plus, right after the board, one line writing out the three
+# columns and the two diagonals, three cells each as the rows show them (final messages end with it).
+TINY_LINES_SYSTEM = TINY_SYSTEM  # the empty board of the system prompt is the rows alone
+
+COLUMNS_AND_DIAGONALS = [(0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
+
+
+def tiny_lines_message(board, status: int, k: int) -> str:
+    """The `tiny_lines` preset's message: the `tiny` one with `Lines: c0 c1 c2 d0 d1` after the board."""
+    marks = {1: "X", 2: "O"}
+    cells = [marks.get(int(v), str(i)) for i, v in enumerate(board)]
+    lines_line = "Lines: " + " ".join(cells[a] + cells[b] + cells[c] for a, b, c in COLUMNS_AND_DIAGONALS)
+    text = tiny_message(board, status, k)
+    board_end = len(text) if status in FINAL else text.index("\nFree: ")
+    return text[:board_end] + "\n" + lines_line + text[board_end:]
+
+
 def parse_move(text: str) -> int:
     """-1 without a <move> tag, d for exactly str(d) (d in 0..8), 9 for any other tag content."""
     m = MOVE_RE.search(text)
@@ -185,7 +202,7 @@ def random_game(rng: random.Random, max_turns: int = 8):
 
 def conversation(messages, replies, upto: int, system: str = SYSTEM_PROMPT, render=message) -> list[dict]:
     """Chat messages: system, then user messages 0..upto with the replies between them (`render`: the
-    message function, `message` or `tiny_message`)."""
+    message function, `message`, `tiny_message` or `tiny_lines_message`)."""
     conv = [{"role": "system", "content": system}]
     for i in range(upto + 1):
         if i:

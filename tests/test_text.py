@@ -2,6 +2,7 @@
 template, parsing equals re (the generic grammars: tests/test_grammar.py)."""
 
 import dataclasses
+import functools
 import random
 
 import jax
@@ -142,16 +143,16 @@ def _state(board, status, k) -> ttt.State:
                      seed=z.astype(np.uint32), random_move_prob=z.astype(np.float32))
 
 
-@jax.jit
-def _render(tables, state, first):
-    codes = jax.vmap(ttt_text.message_codes)(state)
+@functools.partial(jax.jit, static_argnames="preset")
+def _render(tables, state, first, preset=None):
+    codes = jax.vmap(lambda s: ttt_text.message_codes(s, preset))(state)
     return jax.vmap(text.render_turn, in_axes=(None, 0, 0, 0))(tables, codes, first, state.done)
 
 
-def _render_batch(tables, turns):
+def _render_batch(tables, turns, preset=None):
     state = _state(np.array([t[0] for t in turns], np.int8), np.array([t[1] for t in turns], np.int32),
                    np.array([t[2] for t in turns], np.int32))
-    tokens, lengths = _render(tables, state, jnp.asarray(np.array([t[3] for t in turns], bool)))
+    tokens, lengths = _render(tables, state, jnp.asarray(np.array([t[3] for t in turns], bool)), preset=preset)
     return np.asarray(tokens), np.asarray(lengths)
 
 
@@ -159,7 +160,7 @@ def _check_conversations(tokenizer, preset, tables, n_games, seed, render=ref.me
     rng = random.Random(seed)
     games = [ref.random_game(rng) for _ in range(n_games)]
     turns = [(m[0], m[1], m[2], i == 0) for messages, _ in games for i, m in enumerate(messages)]
-    tokens, lengths = _render_batch(tables, turns)
+    tokens, lengths = _render_batch(tables, turns, preset)
     assert tokens.shape[1] == tables.max_msg
     seen_status, seen_first, cursor = set(), set(), 0
     prefix = list(np.asarray(tables.prefix))

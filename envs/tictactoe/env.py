@@ -58,8 +58,8 @@ class Stage(board_game.OpponentStage):
 
 @dataclasses.dataclass(frozen=True)
 class Params(board_game.RubricParams):
-    """Static settings: the prompt preset ("reference", "compact", "tiny"; see `text.PRESETS`) and the
-    rubric (`board_game.RubricParams`)."""
+    """Static settings: the prompt preset ("reference", "compact", "tiny", "tiny_lines"; see `text.PRESETS`)
+    and the rubric (`board_game.RubricParams`)."""
 
     prompt: str = "reference"
 
@@ -123,6 +123,11 @@ class TicTacToe(BoardGameEnv):
 
     def position(self, state: game.State) -> tuple[jax.Array, jax.Array]:
         return state.board, state.to_play
+
+    # ---- text ----
+    def message_codes(self, state: game.State, params: Params) -> jax.Array:
+        """The slots' codes of the message `state` shows, in the preset's slot layout (`text.message_codes`)."""
+        return text.message_codes(state, params.preset)
 
     # ---- text for the project tokenizer ----
     def tokenizer_corpus(self, params: Params) -> list[str]:

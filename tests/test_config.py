@@ -205,6 +205,7 @@ def test_overrides():
         ("model.dtype=float8", "model.dtype", ["bfloat16"]),
         ("rollout.context_length=8", "rollout.context_length", [">= 16"]),
         ("rollout.cache_stages=0", "rollout.cache_stages", [">= 1"]),
+        ("eval.batch_size=-1", "eval.batch_size", [">= 0"]),
         ("rollout.max_turns=0", "rollout.max_turns", [">= 1"]),
         ("sampling.max_new_tokens=400", "grpo.0.sampling.max_new_tokens", ["context length"]),
         ("grpo.1.sampling.max_new_tokens=352", "grpo.1.sampling.max_new_tokens", ["context length 352"]),

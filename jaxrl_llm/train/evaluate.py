@@ -56,6 +56,25 @@ def eval_rollout(comp: Components):
     return comp.compiled["eval_rollout"]
 
 
+def play_in_batches(run, params, examples, key, batch_size: int) -> Trajectory:
+    """`run(params, examples, key)` over the games in batches of `batch_size` (0, or at least the number of
+    games: one batch) -> the Trajectory of every game, in order (on the host when batched; multi-host: every
+    game, on every host). A last, short batch is padded with copies of the first games (the same shape: one
+    program) and the copies dropped. Batch c > 0 plays with key fold_in(key, c)."""
+    num_games = jax.tree_util.tree_leaves(examples)[0].shape[0]
+    if not batch_size or batch_size >= num_games:
+        return distributed.gather(run(params, examples, key))
+    batches = -(-num_games // batch_size)
+    order = np.arange(batches * batch_size) % num_games
+    parts = []
+    for c in range(batches):
+        rows = order[c * batch_size:(c + 1) * batch_size]
+        chunk = jax.tree_util.tree_map(lambda a: a[rows], examples)
+        batch_key = key if c == 0 else jax.random.fold_in(key, c)
+        parts.append(jax.device_get(distributed.gather(run(params, chunk, batch_key))))
+    return jax.tree_util.tree_map(lambda *xs: np.concatenate(xs)[:num_games], *parts)
+
+
 def evaluate(comp: Components, params, settings: Sequence[str] | None = None, num_games: int | None = None,
              key=None, games_path: str | Path | None = None) -> dict[str, dict[str, float]]:
     """Plays `num_games` games in each evaluation setting (names; default: eval.settings, or all the env's)
@@ -74,7 +93,7 @@ def evaluate(comp: Components, params, settings: Sequence[str] | None = None, nu
     for i, setting in enumerate(chosen):
         k_examples, k_play = jax.random.split(jax.random.fold_in(key, i))
         examples = comp.env.eval_examples(k_examples, num_games, setting.stage)
-        traj = distributed.gather(run(params, examples, k_play))  # multi-host: every game, on every host
+        traj = play_in_batches(run, params, examples, k_play, config.eval.batch_size)
         results[setting.name] = summarize(traj)
         if games_path is not None:
             records.append((setting.name, traj))

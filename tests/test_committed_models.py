@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # scheduled first (conftest.py), so that the two workers end together
+
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = [
     ("cpu_exploit", "cpu_exploit.toml", "cpu_exploit"),

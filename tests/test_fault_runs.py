@@ -24,6 +24,8 @@ from jaxrl_llm.checkpoint import Checkpointer, CheckpointWriteError
 from jaxrl_llm.cli.main import main
 from jaxrl_llm.metrics import MetricsWriter, read_metrics
 
+pytestmark = pytest.mark.slow  # scheduled first (conftest.py), so that the two workers end together
+
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = ROOT / "experiments" / "presets" / "tiny_test.toml"
 SMALL = ['model.num_hidden_layers=2', 'model.layer_types=["conv", "full_attention"]', "eval.num_games=4"]

@@ -27,6 +27,8 @@ from jaxrl_llm.generate import SamplingConfig
 from models.family import cached_call
 from models.lfm2 import PRESETS, Lfm2ForCausalLM, init_cache
 
+pytestmark = pytest.mark.slow  # scheduled first (conftest.py), so that the two workers end together
+
 HERE = Path(__file__).resolve().parent / "golden"
 ROOT = HERE.parents[1]
 

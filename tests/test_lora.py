@@ -25,6 +25,8 @@ from jaxrl_llm.metrics import read_metrics
 from models import lora
 from models.lfm2 import PRESETS, Lfm2ForCausalLM, init_cache, init_params
 
+pytestmark = pytest.mark.slow  # scheduled first (conftest.py), so that the two workers end together
+
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = ROOT / "experiments" / "presets" / "tiny_test.toml"
 SMALL = ["model.num_hidden_layers=2", 'model.layer_types=["conv", "full_attention"]', "eval.num_games=4"]

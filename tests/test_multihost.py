@@ -26,6 +26,8 @@ import pytest
 
 from jaxrl_llm.metrics import read_metrics
 
+pytestmark = pytest.mark.slow  # scheduled first (conftest.py), so that the two workers end together
+
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = ROOT / "experiments" / "presets" / "tiny_test.toml"
 RUNNER = ROOT / "tests" / "multihost_run.py"

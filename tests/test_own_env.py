@@ -24,6 +24,8 @@ from jaxrl_llm.cli.main import main
 from jaxrl_llm.config import load_config, loads_config
 from jaxrl_llm.metrics import format_results_table, read_metrics
 
+pytestmark = pytest.mark.slow  # scheduled first (conftest.py), so that the two workers end together
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "guess_env"
 PRESET = EXAMPLE / "guess.toml"

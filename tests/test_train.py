@@ -3,7 +3,6 @@ CPU devices and on one. (Exact resume after SIGKILL at five points of a run: tes
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -15,6 +14,8 @@ import pytest
 
 from jaxrl_llm.config import load_config
 from jaxrl_llm.metrics import plot_metrics, read_metrics
+
+pytestmark = pytest.mark.slow  # scheduled first (conftest.py), so that the two workers end together
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESET = ROOT / "experiments" / "presets" / "tiny_test.toml"

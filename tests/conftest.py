@@ -58,7 +58,8 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The files marked `slow` run first (in their collection order), then the rest: with `--dist loadfile`
-    the two workers take a long file each at the start and the short ones fill in at the end, so neither is
-    left alone with a long file in the suite's last minutes."""
+    """The files marked `slow` run first (in their collection order), then the rest: with `--dist loadfile
+    --no-loadscope-reorder` (xdist's own order puts the files with the most tests first, and the longest
+    files have few) the two workers take a long file each at the start and the short ones fill in at the
+    end, so neither is left alone with a long file in the suite's last minutes."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)

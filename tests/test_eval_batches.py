@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-import envs
 from jaxrl_llm.config import loads_config
-from nim_env import Nim
-from test_env_protocol import CONFIG
-
-envs.register("nim", Nim, overwrite=True)
+from test_env_protocol import CONFIG  # registers the Nim env
 
 
 def test_batches_play_the_games_of_one_batch(tmp_path):

@@ -71,8 +71,8 @@ def play_in_batches(run, params, examples, key, batch_size: int) -> Trajectory:
         rows = order[c * batch_size:(c + 1) * batch_size]
         chunk = jax.tree_util.tree_map(lambda a: a[rows], examples)
         batch_key = key if c == 0 else jax.random.fold_in(key, c)
-        parts.append(jax.device_get(distributed.gather(run(params, chunk, batch_key))))
-    return jax.tree_util.tree_map(lambda *xs: np.concatenate(xs)[:num_games], *parts)
+        parts.append(distributed.gather(run(params, chunk, batch_key)))  # dispatched; no host sync per batch
+    return jax.tree_util.tree_map(lambda *xs: np.concatenate(xs)[:num_games], *jax.device_get(parts))
 
 
 def evaluate(comp: Components, params, settings: Sequence[str] | None = None, num_games: int | None = None,
